@@ -1,0 +1,1 @@
+"""caffe8 engine: backend, prototxt, Blob, Layer, Net, training loop, log, snapshots, CLI."""

@@ -1,0 +1,60 @@
+"""Blob: an N-d array pair (data, diff), like Caffe's Blob.
+
+Parameter Blobs are views into one contiguous buffer per dtype owned by the Net (see
+``engine.net``); ``set_storage`` rebinds a Blob onto such views. Activation Blobs own their arrays.
+"""
+import numpy
+
+from engine import backend
+
+
+class Blob:
+    def __init__(self, shape=(), dtype=numpy.float32, xp=None):
+        self._xp = xp or backend.xp
+        self.dtype = numpy.dtype(dtype)
+        shape = tuple(int(s) for s in shape)
+        self.data = self._xp.zeros(shape, dtype=self.dtype)
+        self.diff = self._xp.zeros(shape, dtype=self.dtype)
+
+    @property
+    def shape(self):
+        return tuple(self.data.shape)
+
+    @property
+    def count(self):
+        return int(self.data.size)
+
+    @property
+    def num_axes(self):
+        return self.data.ndim
+
+    @property
+    def xp(self):
+        return self._xp
+
+    def reshape(self, shape):
+        """Give the blob ``shape``; reallocates (zeroed) only when the element count changes."""
+        shape = tuple(int(s) for s in shape)
+        if any(s < 0 for s in shape):
+            raise ValueError(f"negative blob dimension in {shape}")
+        if shape == self.shape:
+            return
+        if int(numpy.prod(shape, dtype=numpy.int64)) == self.count and self.data.flags.c_contiguous:
+            self.data = self.data.reshape(shape)
+            self.diff = self.diff.reshape(shape)
+        else:
+            self.data = self._xp.zeros(shape, dtype=self.dtype)
+            self.diff = self._xp.zeros(shape, dtype=self.dtype)
+
+    def set_storage(self, data_view, diff_view):
+        """Rebind onto external (contiguous) views of the same shape, keeping current values."""
+        data_view[...] = self.data.reshape(data_view.shape)
+        diff_view[...] = self.diff.reshape(diff_view.shape)
+        self.data, self.diff = data_view, diff_view
+
+    def share_data(self, other):
+        """Make this blob use ``other``'s data array (Split forward, in-place layers)."""
+        self.data = other.data
+
+    def __repr__(self):
+        return f"Blob(shape={self.shape}, dtype={self.dtype})"

@@ -1,0 +1,119 @@
+"""Layer base class and the layer registry (keyed by Caffe type string).
+
+The contract is pycaffe's Python layer plus Caffe's one-time setup:
+
+* ``layer_setup(bottom, top)`` — read ``self.layer_param``, create parameter Blobs in
+  ``self.blobs`` (filled with ``engine.filler.fill``); called once.
+* ``reshape(bottom, top)`` — set top shapes; called before every forward.
+* ``forward(bottom, top)`` — write ``top[i].data``.
+* ``backward(top, propagate_down, bottom)`` — write ``bottom[i].diff`` where
+  ``propagate_down[i]`` (overwrite) and **accumulate** (``+=``) into ``self.blobs[j].diff`` where
+  ``self.param_propagate_down[j]``.
+
+Parameter Blobs are rebound by the Net onto one contiguous buffer after setup, so layers must
+read ``self.blobs[j].data`` each time rather than keep references to the arrays.
+"""
+import numpy
+
+from engine.errors import LayerError
+
+LAYERS = {}
+
+
+def register_layer(type_name):
+    """Class decorator registering a Layer subclass under a Caffe type string."""
+    def deco(cls):
+        if type_name in LAYERS:
+            raise ValueError(f"layer type '{type_name}' registered twice "
+                             f"({LAYERS[type_name].__module__} and {cls.__module__})")
+        cls.type = type_name
+        LAYERS[type_name] = cls
+        return cls
+    return deco
+
+
+def create_layer(layer_param, phase="TRAIN", dtype=numpy.float32):
+    """Instantiate the registered class for ``layer_param.type``."""
+    import layers  # noqa: F401  (explicit imports in layers/__init__ register every type)
+    cls = LAYERS.get(layer_param.type)
+    if cls is None:
+        raise LayerError(layer_param.name,
+                         f"unknown layer type '{layer_param.type}' at "
+                         f"{layer_param.location('type')}; known types: " + ", ".join(sorted(LAYERS)))
+    return cls(layer_param, phase, dtype)
+
+
+class Layer:
+    type = None
+    # Blob-count hints, checked by setup(); None means "no constraint".
+    exact_num_bottom = None
+    min_bottom = None
+    max_bottom = None
+    exact_num_top = None
+    min_top = None
+    max_top = None
+    #: loss layers weight top[0] by 1 unless the prototxt says otherwise
+    default_loss_weight = 0.0
+    #: data layers never backpropagate and never take bottoms
+    is_data = False
+
+    def __init__(self, layer_param, phase="TRAIN", dtype=numpy.float32):
+        self.layer_param = layer_param
+        self.name = layer_param.name
+        self.phase = layer_param.phase if layer_param.has("phase") else phase
+        self.dtype = numpy.dtype(dtype)
+        self.blobs = []
+        self.param_propagate_down = []
+
+    # --- the contract ------------------------------------------------------------------------
+    def layer_setup(self, bottom, top):
+        """One-time setup; default: nothing."""
+
+    def reshape(self, bottom, top):
+        raise NotImplementedError(f"{type(self).__name__}.reshape")
+
+    def forward(self, bottom, top):
+        raise NotImplementedError(f"{type(self).__name__}.forward")
+
+    def backward(self, top, propagate_down, bottom):
+        """Default: no gradient (data, accuracy)."""
+
+    def allow_force_backward(self, bottom_index):
+        """False for inputs that can never take a gradient (labels)."""
+        return True
+
+    # --- helpers -----------------------------------------------------------------------------
+    def setup(self, bottom, top):
+        """Check blob counts, run layer_setup and the first reshape (Caffe's SetUp)."""
+        self._check_counts(bottom, top)
+        self.layer_setup(bottom, top)
+        if not self.param_propagate_down:
+            self.param_propagate_down = [True] * len(self.blobs)
+        self.reshape(bottom, top)
+
+    def error(self, message):
+        """A LayerError naming this layer; ``raise self.error(...)``."""
+        return LayerError(self.name, message, self.type)
+
+    def _check_counts(self, bottom, top):
+        nb, nt = len(bottom), len(top)
+        checks = [
+            (self.exact_num_bottom, nb == self.exact_num_bottom, f"takes exactly {self.exact_num_bottom} bottom blob(s)", nb),
+            (self.min_bottom, self.min_bottom is None or nb >= self.min_bottom, f"takes at least {self.min_bottom} bottom blob(s)", nb),
+            (self.max_bottom, self.max_bottom is None or nb <= self.max_bottom, f"takes at most {self.max_bottom} bottom blob(s)", nb),
+            (self.exact_num_top, nt == self.exact_num_top, f"produces exactly {self.exact_num_top} top blob(s)", nt),
+            (self.min_top, self.min_top is None or nt >= self.min_top, f"produces at least {self.min_top} top blob(s)", nt),
+            (self.max_top, self.max_top is None or nt <= self.max_top, f"produces at most {self.max_top} top blob(s)", nt),
+        ]
+        for limit, ok, what, got in checks:
+            if limit is not None and not ok:
+                raise self.error(f"{what}, got {got}")
+
+    def make_param(self, shape, filler_param):
+        """Append a parameter Blob of ``shape`` filled by ``filler_param``; returns it."""
+        from engine.blob import Blob
+        from engine.filler import fill
+        blob = Blob(shape, self.dtype)
+        fill(blob.data, filler_param)
+        self.blobs.append(blob)
+        return blob

@@ -1,0 +1,1 @@
+"""Layers, one module per Caffe type (or small family); imported here to register them."""

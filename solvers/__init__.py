@@ -1,0 +1,1 @@
+"""Solvers and learning-rate policies."""
