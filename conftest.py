@@ -1,0 +1,17 @@
+"""Repository-root pytest configuration: the repository root is importable, GPU tests skip cleanly."""
+import pytest
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "gpu: needs a CUDA GPU and CuPy")
+    config.addinivalue_line("markers", "mpi: runs rank programs under mpiexec")
+
+
+def pytest_collection_modifyitems(config, items):
+    from engine import backend
+    if backend.gpu_available():
+        return
+    skip = pytest.mark.skip(reason="no CUDA GPU / CuPy on this machine")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
