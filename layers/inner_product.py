@@ -1,0 +1,66 @@
+"""InnerProduct (Caffe's ``inner_product_layer.cpp``): ``y = x W^T + b`` after flattening.
+
+Shapes: bottom ``(d0, ..., d_{axis-1}, d_axis, ...)`` viewed as ``(M, K)`` with
+``M = prod(d0..d_{axis-1})``, ``K = prod(d_axis..)``; weight ``(N, K)`` (``(K, N)`` when
+``transpose: true``); bias ``(N,)``; top ``(d0, ..., d_{axis-1}, N)``.
+"""
+import numpy
+
+from engine import backend
+from engine.layer import Layer, register_layer
+
+
+@register_layer("InnerProduct")
+class InnerProductLayer(Layer):
+    exact_num_bottom = 1
+    exact_num_top = 1
+
+    def layer_setup(self, bottom, top):
+        p = self.layer_param.inner_product_param
+        if not p.has("num_output") or p.num_output <= 0:
+            raise self.error("inner_product_param.num_output must be given and > 0")
+        self.num_output = p.num_output
+        self.transpose = p.transpose
+        self.axis = self._canonical_axis(p.axis, len(bottom[0].shape))
+        self.k = int(numpy.prod(bottom[0].shape[self.axis:], dtype=numpy.int64))
+        shape = (self.k, self.num_output) if self.transpose else (self.num_output, self.k)
+        self.make_param(shape, p.weight_filler)
+        if p.bias_term:
+            self.make_param((self.num_output,), p.bias_filler)
+
+    def _canonical_axis(self, axis, ndim):
+        if not -ndim <= axis < ndim:
+            raise self.error(f"inner_product_param.axis {axis} is out of range for a "
+                             f"{ndim}-axis input")
+        return axis + ndim if axis < 0 else axis
+
+    def reshape(self, bottom, top):
+        shape = bottom[0].shape
+        k = int(numpy.prod(shape[self.axis:], dtype=numpy.int64))
+        if k != self.k:
+            raise self.error(f"input size incompatible with inner product parameters: input "
+                             f"{shape} flattens to K={k} from axis {self.axis}, weights expect K={self.k}")
+        top[0].reshape(tuple(shape[:self.axis]) + (self.num_output,))
+
+    def _x2d(self, blob_array):
+        return blob_array.reshape(-1, self.k)
+
+    def forward(self, bottom, top):
+        x = self._x2d(bottom[0].data)
+        w = self.blobs[0].data
+        xp = backend.get_array_module(x)
+        y = top[0].data.reshape(-1, self.num_output)
+        xp.matmul(x, w if self.transpose else w.T, out=y)
+        if len(self.blobs) > 1:
+            y += self.blobs[1].data
+
+    def backward(self, top, propagate_down, bottom):
+        dy = top[0].diff.reshape(-1, self.num_output)
+        x = self._x2d(bottom[0].data)
+        w = self.blobs[0].data
+        if self.param_propagate_down[0]:
+            self.blobs[0].diff += (x.T @ dy) if self.transpose else (dy.T @ x)
+        if len(self.blobs) > 1 and self.param_propagate_down[1]:
+            self.blobs[1].diff += dy.sum(axis=0)
+        if propagate_down[0]:
+            self._x2d(bottom[0].diff)[...] = dy @ (w.T if self.transpose else w)
