@@ -4,3 +4,4 @@ from layers import conv  # noqa: F401
 from layers import pooling  # noqa: F401
 from layers import lrn  # noqa: F401
 from layers import inner_product  # noqa: F401
+from layers import emulate  # noqa: F401
