@@ -69,7 +69,8 @@ message LayerParameter {
   optional ReshapeParameter reshape_param = 133; optional LogParameter log_param = 134;
   optional FlattenParameter flatten_param = 135; optional BiasParameter bias_param = 141;
   optional ScaleParameter scale_param = 142; optional InputParameter input_param = 143;
-  optional RecurrentParameter recurrent_param = 146; optional EmulateParameter emulate_param = 1008; }
+  optional RecurrentParameter recurrent_param = 146; optional EmulateParameter emulate_param = 1008;
+  optional SequenceDataParameter sequence_data_param = 1009; }
 
 message TransformationParameter { optional float scale = 1 [default = 1]; optional bool mirror = 2 [default = false];
   optional uint32 crop_size = 3 [default = 0]; optional string mean_file = 4; repeated float mean_value = 5;
@@ -144,6 +145,10 @@ message RecurrentParameter { optional uint32 num_output = 1 [default = 0]; optio
   optional FillerParameter bias_filler = 3; optional bool debug_info = 4 [default = false];
   optional bool expose_hidden = 5 [default = false]; }
 message EmulateParameter { optional float forward_ms = 1 [default = 0]; optional float backward_ms = 2 [default = 0]; }
+message SequenceDataParameter { optional uint32 batch_size = 1; optional uint32 time_steps = 2;
+  optional uint32 vocab_size = 3 [default = 8]; optional uint32 delay = 4 [default = 1];
+  optional uint32 input_dim = 5 [default = 0]; optional uint32 sequence_length = 6 [default = 0];
+  optional int64 seed = 7 [default = 1]; optional int32 ignore_label = 8 [default = -1]; }
 
 message CommParameter {
   optional string codec = 1 [default = "fp8"]; optional bool relative = 2 [default = true];
