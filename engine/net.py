@@ -1,0 +1,421 @@
+"""Net: Caffe's net.cpp — builds the layer graph from a NetParameter and runs forward/backward.
+
+Building (``Net.__init__``), in Caffe's order:
+  1. FilterNet by phase/level/stages, legacy inputs → Input layer, Split insertion
+     (``engine.net_graph``);
+  2. per layer: wire bottoms/tops (in-place tops reuse the bottom's Blob), set up the layer,
+     record loss weights, decide which bottoms/params need a gradient (lr_mult, propagate_down);
+  3. backward pruning from the weighted tops, then force_backward;
+  4. named parameter sharing (data and diff), learnable params in Caffe's order;
+  5. every owned learnable param moves into one contiguous buffer (``flat_data``/``flat_diff``),
+     each Blob rebound as a view, so the exchange reads a layer's gradients as one slice.
+
+Loss: ``sum over weighted tops of w * sum(top.data)``; before backward each weighted top's diff is
+filled with ``w`` (Caffe's SetLossWeights), which is where backward starts.
+"""
+import os
+from collections import OrderedDict
+
+import numpy
+
+from engine import backend
+from engine.blob import Blob
+from engine.errors import CaffeError, DataError, LayerError
+from engine.layer import create_layer
+from engine.net_graph import filter_net, insert_splits, upgrade_net_input
+from engine.prototxt import Message, parse_file
+
+
+class Net:
+    """A Caffe net; see the module docstring and docs/ARCHITECTURE.md for the attributes."""
+
+    def __init__(self, model, phase="TRAIN", weights=None, level=0, stages=(),
+                 dtype=numpy.float32, rank=0, world=1, log=None):
+        param = parse_file(model) if isinstance(model, (str, os.PathLike)) else model
+        self.phase = phase
+        self.dtype = numpy.dtype(dtype)
+        self.rank, self.world = rank, world
+        self._log = log
+        stages = list(param.state.stage) + list(stages)
+        param = upgrade_net_input(filter_net(param, phase, level, stages))
+        self.param = insert_splits(param)
+        self.name = self.param.name
+        self._forward_hooks, self._backward_hooks = [], []
+        self._build_layers()
+        self._prune_backward()
+        if self.param.force_backward:
+            self._force_backward()
+        self._collect_params()
+        self._flatten_params()
+        if weights is not None:
+            self.copy_trained_layers_from(weights)
+
+    # --- building ------------------------------------------------------------------------------
+    def _build_layers(self):
+        self.layers, self.layer_names = [], []
+        self.blobs = OrderedDict()
+        self.bottom_vecs, self.top_vecs = [], []
+        self.bottom_names, self.top_names = [], []
+        self.bottom_need_backward, self.layer_need_backward = [], []
+        self.layer_loss_weights = []            # per layer: weight of each top
+        self._blob_need_backward = {}           # blob name → needs a gradient
+        self._producer = {}                     # blob name → name of the layer that made it
+        available = OrderedDict()               # produced and not yet consumed (→ outputs)
+        for layer_param in self.param.layer:
+            if layer_param.name in self.layer_names:
+                raise LayerError(layer_param.name, "duplicate layer name (at "
+                                 f"{layer_param.location('name')}); layer names must be unique")
+            self._build_layer(layer_param, available)
+        self.output_blob_names = sorted(available)
+        self.blob_loss_weights = OrderedDict()
+        for i, names in enumerate(self.top_names):
+            for name, w in zip(names, self.layer_loss_weights[i]):
+                if w:
+                    self.blob_loss_weights[name] = w
+
+    def _build_layer(self, layer_param, available):
+        if not layer_param.has("phase"):
+            layer_param.phase = self.phase
+        layer = create_layer(layer_param, self.phase, self.dtype)
+        i = len(self.layers)
+        self.layers.append(layer)
+        self.layer_names.append(layer.name)
+        bottoms = list(layer_param.bottom)
+        prop = list(layer_param.propagate_down)
+        if prop and len(prop) != len(bottoms):
+            raise LayerError(layer.name, f"propagate_down must be given 0 or {len(bottoms)} "
+                             f"times, got {len(prop)} (at {layer_param.location('propagate_down')})")
+        need_backward = False
+        bottom_vec, bottom_need = [], []
+        for j, name in enumerate(bottoms):
+            if name not in self.blobs:
+                raise LayerError(layer.name, f"unknown bottom blob '{name}' "
+                                 f"(at {layer_param.location('bottom')})")
+            bottom_vec.append(self.blobs[name])
+            bottom_need.append(bool(prop[j]) if prop else self._blob_need_backward[name])
+            need_backward |= self._blob_need_backward[name]
+            available.pop(name, None)
+        top_vec = [self._append_top(layer, layer_param, j, name, bottoms, available)
+                   for j, name in enumerate(layer_param.top)]
+        if layer.is_data:
+            layer.rank, layer.world = self.rank, self.world
+        self._setup_layer(layer, bottom_vec, top_vec)
+        self.layer_loss_weights.append(self._loss_weights(layer, layer_param, top_vec))
+        need_backward |= self._param_needs(layer, layer_param)
+        self.bottom_vecs.append(bottom_vec)
+        self.top_vecs.append(top_vec)
+        self.bottom_names.append(bottoms)
+        self.top_names.append(list(layer_param.top))
+        self.bottom_need_backward.append(bottom_need)
+        self.layer_need_backward.append(need_backward)
+        for name in layer_param.top:
+            self._blob_need_backward[name] = self._blob_need_backward.get(name, False) or need_backward
+        if self._log:
+            for name, blob in zip(layer_param.top, top_vec):
+                dims = " ".join(str(d) for d in blob.shape)
+                self._log(f"Top shape: {dims} ({blob.count})")
+        return i
+
+    def _append_top(self, layer, layer_param, j, name, bottoms, available):
+        if j < len(bottoms) and bottoms[j] == name:
+            blob = self.blobs[name]  # in place: the same Blob
+        elif name in self.blobs:
+            raise LayerError(layer.name, f"top blob '{name}' produced by multiple sources "
+                             f"(already produced by layer '{self._producer[name]}'; at "
+                             f"{layer_param.location('top')})", layer.type)
+        else:
+            blob = Blob((), self.dtype)
+            self.blobs[name] = blob
+            self._blob_need_backward[name] = False
+        self._producer[name] = layer.name
+        available[name] = True
+        return blob
+
+    def _setup_layer(self, layer, bottom_vec, top_vec):
+        try:
+            layer.setup(bottom_vec, top_vec)
+        except CaffeError:
+            raise
+        except Exception as e:  # a layer's own shape check failing deep inside NumPy
+            raise LayerError(layer.name, f"setup failed: {type(e).__name__}: {e}",
+                             layer.type) from e
+
+    def _loss_weights(self, layer, layer_param, top_vec):
+        given = list(layer_param.loss_weight)
+        if given and len(given) != len(top_vec):
+            raise LayerError(layer.name, f"loss_weight must be unspecified or given once per top "
+                             f"blob ({len(top_vec)} tops, {len(given)} loss_weight; at "
+                             f"{layer_param.location('loss_weight')})", layer.type)
+        if not given:
+            given = [layer.default_loss_weight] + [0.0] * (len(top_vec) - 1) if top_vec else []
+        return [float(w) for w in given]
+
+    def _param_needs(self, layer, layer_param):
+        """Set param_propagate_down from lr_mult; True when some param learns."""
+        specs = list(layer_param.param)
+        if len(specs) > len(layer.blobs):
+            raise LayerError(layer.name, f"too many params specified: {len(specs)} param blocks "
+                             f"for {len(layer.blobs)} parameter blob(s) (at "
+                             f"{layer_param.location('param')})", layer.type)
+        if len(layer.param_propagate_down) != len(layer.blobs):
+            layer.param_propagate_down = [True] * len(layer.blobs)
+        any_needs = False
+        for k in range(len(layer.blobs)):
+            lr = specs[k].lr_mult if k < len(specs) else 1.0
+            layer.param_propagate_down[k] = lr != 0
+            any_needs |= lr != 0
+        return any_needs
+
+    def _prune_backward(self):
+        """Caffe: a layer backprops only if it contributes to a loss and something needs it."""
+        under_loss, skip_backp = set(), set()
+        for i in reversed(range(len(self.layers))):
+            contributes, skip_prop = False, True
+            for name, w in zip(self.top_names[i], self.layer_loss_weights[i]):
+                if w or name in under_loss:
+                    contributes = True
+                if name not in skip_backp:
+                    skip_prop = False
+                if contributes and not skip_prop:
+                    break
+            if self.layer_need_backward[i] and skip_prop:
+                self.layer_need_backward[i] = False
+                self.bottom_need_backward[i] = [False] * len(self.bottom_names[i])
+            if not contributes:
+                self.layer_need_backward[i] = False
+            for j, name in enumerate(self.bottom_names[i]):
+                if contributes:
+                    under_loss.add(name)
+                else:
+                    self.bottom_need_backward[i][j] = False
+                if not self.bottom_need_backward[i][j]:
+                    skip_backp.add(name)
+
+    def _force_backward(self):
+        for i, layer in enumerate(self.layers):
+            self.layer_need_backward[i] = True
+            for j in range(len(self.bottom_names[i])):
+                self.bottom_need_backward[i][j] = (self.bottom_need_backward[i][j]
+                                                   or layer.allow_force_backward(j))
+            layer.param_propagate_down = [True] * len(layer.blobs)
+
+    # --- parameters ----------------------------------------------------------------------------
+    def _collect_params(self):
+        """Caffe's AppendParam + ShareWeights bookkeeping (owners, learnable order, lr/decay)."""
+        self.params = OrderedDict()
+        self.learnable_params, self.params_lr, self.params_weight_decay = [], [], []
+        self.param_owners = []          # per net param: (layer, index) of its owner, or None
+        self.param_layer_indices = []   # per net param: (layer index, param index)
+        self._owner_by_name = {}        # param name → index into param_layer_indices
+        self._lr_given, self._decay_given = [], []
+        for i, layer in enumerate(self.layers):
+            if layer.blobs:
+                self.params[layer.name] = list(layer.blobs)
+            specs = list(self.param.layer[i].param)
+            for k in range(len(layer.blobs)):
+                spec = specs[k] if k < len(specs) else Message("ParamSpec")
+                self._append_param(i, k, spec)
+
+    def _append_param(self, i, k, spec):
+        net_id = len(self.param_layer_indices)
+        self.param_layer_indices.append((i, k))
+        name = spec.name
+        if not name or name not in self._owner_by_name:
+            if name:
+                self._owner_by_name[name] = net_id
+            self.param_owners.append(None)
+            self.learnable_params.append(self.layers[i].blobs[k])
+            self.params_lr.append(float(spec.lr_mult))
+            self.params_weight_decay.append(float(spec.decay_mult))
+            self._lr_given.append(spec.has("lr_mult"))
+            self._decay_given.append(spec.has("decay_mult"))
+            return
+        owner_i, owner_k = self.param_layer_indices[self._owner_by_name[name]]
+        self._check_share(i, k, owner_i, owner_k, spec)
+        self.param_owners.append((owner_i, owner_k))
+        learn_id = self._learnable_index(owner_i, owner_k)
+        for field, values, given in (("lr_mult", self.params_lr, self._lr_given),
+                                     ("decay_mult", self.params_weight_decay, self._decay_given)):
+            if not spec.has(field):
+                continue
+            value = float(getattr(spec, field))
+            if given[learn_id] and values[learn_id] != value:
+                raise LayerError(self.layer_names[i], f"shared param '{name}' has mismatched "
+                                 f"{field} ({value} here, {values[learn_id]} in owner layer "
+                                 f"'{self.layer_names[owner_i]}')")
+            values[learn_id], given[learn_id] = value, True
+
+    def _learnable_index(self, i, k):
+        blob = self.layers[i].blobs[k]
+        return next(n for n, b in enumerate(self.learnable_params) if b is blob)
+
+    def _check_share(self, i, k, owner_i, owner_k, spec):
+        mine, owner = self.layers[i].blobs[k], self.layers[owner_i].blobs[owner_k]
+        what = (f"cannot share param '{spec.name}' owned by layer '{self.layer_names[owner_i]}' "
+                f"with layer '{self.layer_names[i]}'")
+        if spec.share_mode == "PERMISSIVE":
+            if mine.count != owner.count:
+                raise LayerError(self.layer_names[i], f"{what}; count mismatch: owner shape "
+                                 f"{owner.shape}, this shape {mine.shape}")
+        elif mine.shape != owner.shape:
+            raise LayerError(self.layer_names[i], f"{what}; shape mismatch: owner shape "
+                             f"{owner.shape}, this shape {mine.shape}")
+
+    def _flatten_params(self):
+        """Move owned learnable params into flat_data/flat_diff (learnable order) as views."""
+        total = sum(b.count for b in self.learnable_params)
+        for b in self.learnable_params:
+            if b.dtype != self.dtype:
+                raise LayerError("?", f"parameter of dtype {b.dtype} in a {self.dtype} net")
+        xp = (backend.get_array_module(self.learnable_params[0].data)
+              if self.learnable_params else backend.xp)
+        self.flat_data = xp.zeros(total, dtype=self.dtype)
+        self.flat_diff = xp.zeros(total, dtype=self.dtype)
+        self.param_slices = []  # per learnable param: slice into the flat buffers
+        offset = 0
+        for b in self.learnable_params:
+            sl = slice(offset, offset + b.count)
+            b.set_storage(self.flat_data[sl].reshape(b.shape), self.flat_diff[sl].reshape(b.shape))
+            self.param_slices.append(sl)
+            offset += b.count
+        self.layer_param_slices = OrderedDict((i, []) for i in range(len(self.layers)))
+        for net_id, (i, k) in enumerate(self.param_layer_indices):
+            owner = self.param_owners[net_id]
+            blob = self.layers[i].blobs[k]
+            if owner is None:
+                sl = self.param_slices[self._learnable_index(i, k)]
+                self.layer_param_slices[i].append((k, sl))
+            else:  # Caffe's ShareData + ShareDiff: the owner's memory under this blob's shape
+                src = self.layers[owner[0]].blobs[owner[1]]
+                blob.data = src.data.reshape(blob.shape)
+                blob.diff = src.diff.reshape(blob.shape)
+
+    def layer_flat_slice(self, i):
+        """One slice covering all params layer ``i`` owns (they are adjacent), or None."""
+        slices = self.layer_param_slices[i]
+        if not slices:
+            return None
+        return slice(slices[0][1].start, slices[-1][1].stop)
+
+    # --- running -------------------------------------------------------------------------------
+    def add_forward_hook(self, fn):
+        """``fn(layer_index, layer)`` runs right after each layer's forward."""
+        self._forward_hooks.append(fn)
+
+    def add_backward_hook(self, fn):
+        """``fn(layer_index, layer)`` runs after each layer's backward step, in reverse layer
+        order, for every layer (also those that skip backward, as Caffe's after_backward)."""
+        self._backward_hooks.append(fn)
+
+    def forward_loss(self):
+        """Run every layer's reshape + forward; return the weighted loss (a Python float)."""
+        loss = 0.0
+        for i, layer in enumerate(self.layers):
+            bottom, top = self.bottom_vecs[i], self.top_vecs[i]
+            layer.reshape(bottom, top)
+            layer.forward(bottom, top)
+            for blob, w in zip(top, self.layer_loss_weights[i]):
+                if w:
+                    loss += w * float(blob.data.sum(dtype=numpy.float64))
+            for fn in self._forward_hooks:
+                fn(i, layer)
+        self.loss = loss
+        return loss
+
+    def forward(self):
+        """Forward pass; returns {output blob name: data array} (pycaffe's ``net.forward()``)."""
+        self.forward_loss()
+        return OrderedDict((n, self.blobs[n].data) for n in self.output_blob_names)
+
+    def backward(self):
+        """Backward pass from the weighted tops; param diffs accumulate."""
+        for i in range(len(self.layers)):
+            for blob, w in zip(self.top_vecs[i], self.layer_loss_weights[i]):
+                if w:
+                    blob.diff[...] = w
+        for i in reversed(range(len(self.layers))):
+            layer = self.layers[i]
+            if self.layer_need_backward[i]:
+                layer.backward(self.top_vecs[i], self.bottom_need_backward[i], self.bottom_vecs[i])
+            for fn in self._backward_hooks:
+                fn(i, layer)
+
+    def forward_backward(self):
+        """Forward then backward; returns the loss."""
+        loss = self.forward_loss()
+        self.backward()
+        return loss
+
+    def clear_param_diffs(self):
+        self.flat_diff[...] = 0
+
+    # --- sharing and files ---------------------------------------------------------------------
+    def share_trained_layers_with(self, other):
+        """Use ``other``'s parameter data (not diff) for layers of the same name (test nets)."""
+        theirs = dict(zip(other.layer_names, other.layers))
+        for layer in self.layers:
+            src = theirs.get(layer.name)
+            if src is None:
+                continue
+            if len(src.blobs) != len(layer.blobs):
+                raise LayerError(layer.name, f"incompatible number of blobs: {len(src.blobs)} in "
+                                 f"the source net, {len(layer.blobs)} here")
+            for k, (mine, s) in enumerate(zip(layer.blobs, src.blobs)):
+                if mine.shape != s.shape:
+                    raise LayerError(layer.name, f"cannot share param {k}: source shape "
+                                     f"{s.shape}, target shape {mine.shape}")
+                mine.data = s.data
+
+    def _owned(self, i, k):
+        net_id = self.param_layer_indices.index((i, k))
+        return self.param_owners[net_id] is None
+
+    def copy_trained_layers_from(self, path):
+        """Load a Caffe-layout HDF5 model (``/data/<layer>/<i>``) by layer name."""
+        import h5py
+        if not str(path).endswith(".h5"):
+            raise DataError(f"{path}: only HDF5 model files (.h5) are supported")
+        try:
+            f = h5py.File(path, "r")
+        except OSError as e:
+            raise DataError(f"{path}: cannot open HDF5 model: {e}") from None
+        with f:
+            if "data" not in f:
+                raise DataError(f"{path}: no /data group (not a Caffe HDF5 model)")
+            for i, layer in enumerate(self.layers):
+                group = f["data"].get(layer.name)
+                if isinstance(group, h5py.Group):
+                    self._copy_layer(path, i, layer, group)
+
+    def _copy_layer(self, path, i, layer, group):
+        import h5py
+        present = {int(k) for k, v in group.items() if k.isdigit() and isinstance(v, h5py.Dataset)}
+        if present and max(present) >= len(layer.blobs):
+            raise DataError(f"{path}: layer '{layer.name}': incompatible number of blobs "
+                            f"({max(present) + 1} in the file, {len(layer.blobs)} in the net)")
+        for k, blob in enumerate(layer.blobs):
+            if k not in present:
+                if self._owned(i, k) and present:
+                    raise DataError(f"{path}: layer '{layer.name}': param {k} missing")
+                continue
+            values = group[str(k)][...]
+            if tuple(values.shape) != blob.shape:
+                raise DataError(f"{path}: layer '{layer.name}' param {k}: shape mismatch, file "
+                                f"has {tuple(values.shape)}, net has {blob.shape}")
+            blob.data[...] = backend.to_device(values.astype(blob.dtype), like=blob.data)
+
+    def to_hdf5(self, path, write_diff=False):
+        """Write Caffe's HDF5 model layout; every layer gets a group, shared params are skipped
+        under /data. Names with '/' become nested groups, which h5py reads back by path."""
+        import h5py
+        with h5py.File(path, "w") as f:
+            trees = [("data", False)] + ([("diff", True)] if write_diff else [])
+            for tree, is_diff in trees:
+                root = f.create_group(tree)
+                for i, layer in enumerate(self.layers):
+                    group = root.require_group(layer.name)
+                    for k, blob in enumerate(layer.blobs):
+                        if not is_diff and not self._owned(i, k):
+                            continue
+                        arr = blob.diff if is_diff else blob.data
+                        group.create_dataset(str(k), data=backend.to_numpy(arr))

@@ -1,0 +1,279 @@
+"""Net semantics (Caffe's net.cpp) checked against closed forms, with the tiny layers of
+net_test_layers (so a bug in a real layer cannot hide a bug in the Net)."""
+import numpy
+import pytest
+
+from engine.errors import CaffeError, LayerError
+from engine.net import Net
+from engine.net_graph import filter_net
+from engine.prototxt import parse_text
+from tests.engine import net_test_layers  # noqa: F401  (registers NT* layers)
+
+DATA = """layer { name: "in" type: "NTData" top: "x" top: "t"
+  dummy_data_param { shape { dim: 3 dim: 4 } shape { dim: 3 } } }
+"""
+
+
+def linear(name, bottom, top, n=2, extra=""):
+    return (f'layer {{ name: "{name}" type: "NTLinear" bottom: "{bottom}" top: "{top}" {extra}\n'
+            f'  inner_product_param {{ num_output: {n} weight_filler {{ type: "gaussian" }}\n'
+            f'  bias_filler {{ type: "gaussian" }} }} }}\n')
+
+
+def halfsq(name, bottom, extra=""):
+    return f'layer {{ name: "{name}" type: "NTHalfSq" bottom: "{bottom}" top: "{name}" {extra} }}\n'
+
+
+def build(text, **kw):
+    return Net(parse_text(text, "net.prototxt"), **kw)
+
+
+def x_data():
+    return 0.1 * (numpy.arange(12) + 1).reshape(3, 4)
+
+
+# --- split insertion and in-place ----------------------------------------------------------------
+def test_split_names_and_rewiring():
+    net = build(DATA + linear("a", "x", "ya") + linear("b", "x", "yb") +
+                halfsq("la", "ya") + halfsq("lb", "yb"))
+    assert net.layer_names == ["in", "x_in_0_split", "a", "b", "la", "lb"]
+    assert net.top_names[1] == ["x_in_0_split_0", "x_in_0_split_1"]
+    assert net.bottom_names[2] == ["x_in_0_split_0"] and net.bottom_names[3] == ["x_in_0_split_1"]
+    assert net.layers[1].type == "Split"
+    assert net.output_blob_names == ["la", "lb", "t"]
+
+
+def test_loss_weight_counts_as_a_use_and_moves_to_split_top0():
+    net = build(DATA + linear("a", "x", "y", extra="loss_weight: 0.5") + halfsq("l", "y"))
+    assert "y_a_0_split" in net.layer_names
+    i = net.layer_names.index("y_a_0_split")
+    assert net.top_names[i] == ["y_a_0_split_0", "y_a_0_split_1"]
+    assert net.layer_loss_weights[i] == [0.5, 0.0]
+    assert net.bottom_names[net.layer_names.index("l")] == ["y_a_0_split_1"]
+    assert net.blob_loss_weights == {"y_a_0_split_0": 0.5, "l": 1.0}
+
+
+def test_in_place_layer_reuses_the_blob():
+    net = build(DATA + 'layer { name: "d" type: "NTDouble" bottom: "x" top: "x" }\n' +
+                halfsq("l", "x"))
+    i = net.layer_names.index("d")
+    assert net.top_vecs[i][0] is net.bottom_vecs[i][0] is net.blobs["x"]
+    out = net.forward()
+    assert out["l"] == pytest.approx(0.5 * numpy.sum((2 * x_data()) ** 2), rel=1e-6)
+
+
+# --- loss weights and gradients ------------------------------------------------------------------
+def test_loss_weight_on_a_non_loss_top_closed_form():
+    """loss = 0.5*sum(y) + 0.5*sum(y^2) with y = x W^T + b: dL/dy = 0.5 + y."""
+    net = build(DATA + linear("a", "x", "y", extra="loss_weight: 0.5") + halfsq("l", "y"),
+                dtype=numpy.float64)
+    w, b = net.params["a"][0].data.copy(), net.params["a"][1].data.copy()
+    x = x_data()
+    y = x @ w.T + b
+    loss = net.forward_backward()
+    assert loss == pytest.approx(0.5 * y.sum() + 0.5 * (y ** 2).sum(), rel=1e-12)
+    g = 0.5 + y
+    numpy.testing.assert_allclose(net.params["a"][0].diff, g.T @ x, rtol=1e-12)
+    numpy.testing.assert_allclose(net.params["a"][1].diff, g.sum(0), rtol=1e-12)
+
+
+def test_param_diffs_accumulate_over_backward_calls():
+    net = build(DATA + linear("a", "x", "y") + halfsq("l", "y"), dtype=numpy.float64)
+    net.forward_backward()
+    once = net.params["a"][0].diff.copy()
+    net.forward_backward()
+    numpy.testing.assert_allclose(net.params["a"][0].diff, 2 * once)
+    net.clear_param_diffs()
+    assert not net.flat_diff.any()
+
+
+# --- parameter sharing ---------------------------------------------------------------------------
+SHARED = (DATA +
+          linear("a", "x", "ya", extra='param { name: "w" } param { name: "bias" }') +
+          'layer { name: "d" type: "NTDouble" bottom: "x" top: "x2" }\n' +
+          linear("b", "x2", "yb", extra='param { name: "w" } param { name: "bias" }') +
+          halfsq("la", "ya") + halfsq("lb", "yb"))
+
+
+def test_shared_params_accumulate_diffs_from_both_users():
+    net = build(SHARED, dtype=numpy.float64)
+    assert len(net.learnable_params) == 2
+    wa, wb = net.params["a"][0], net.params["b"][0]
+    assert numpy.shares_memory(wa.data, wb.data) and numpy.shares_memory(wa.diff, wb.diff)
+    w, b = wa.data.copy(), net.params["a"][1].data.copy()
+    x1, x2 = x_data(), 2 * x_data()
+    y1, y2 = x1 @ w.T + b, x2 @ w.T + b
+    net.forward_backward()
+    numpy.testing.assert_allclose(wa.diff, y1.T @ x1 + y2.T @ x2, rtol=1e-12)
+    numpy.testing.assert_allclose(net.params["b"][1].diff, y1.sum(0) + y2.sum(0), rtol=1e-12)
+    assert net.layer_param_slices[net.layer_names.index("b")] == []
+
+
+def test_share_shape_mismatch_strict_and_permissive():
+    text = (DATA + linear("a", "x", "ya", n=2, extra='param { name: "w" }') +
+            'layer { name: "r" type: "NTDouble" bottom: "ya" top: "ya2" }\n' +
+            linear("b", "ya2", "yb", n=4, extra='param { name: "w" %s }') + halfsq("l", "yb"))
+    with pytest.raises(LayerError, match=r"layer 'b'.*shape mismatch"):
+        build(text % "")
+    net = build(text % "share_mode: PERMISSIVE")  # 2x4 and 4x2: same count
+    assert net.params["b"][0].shape == (4, 2)
+    assert numpy.shares_memory(net.params["b"][0].data, net.params["a"][0].data)
+
+
+def test_shared_param_lr_mult_mismatch_is_an_error():
+    text = (DATA + linear("a", "x", "ya", extra='param { name: "w" lr_mult: 1 }') +
+            linear("b", "x", "yb", extra='param { name: "w" lr_mult: 2 }') +
+            halfsq("la", "ya") + halfsq("lb", "yb"))
+    with pytest.raises(LayerError, match="mismatched lr_mult"):
+        build(text)
+
+
+# --- backward pruning, propagate_down, force_backward -------------------------------------------
+def test_branch_without_loss_gets_no_backward_and_lr0_gets_no_diff():
+    text = (DATA + linear("frozen", "x", "h", n=3, extra="param { lr_mult: 0 } param { lr_mult: 0 }")
+            + linear("a", "h", "y") + halfsq("l", "y") + linear("side", "h", "s"))
+    net = build(text)
+    need = dict(zip(net.layer_names, net.layer_need_backward))
+    assert need == {"in": False, "frozen": False, "h_frozen_0_split": False, "a": True,
+                    "l": True, "side": False}
+    net.forward_backward()
+    assert not net.params["frozen"][0].diff.any() and not net.params["frozen"][1].diff.any()
+    assert not net.params["side"][0].diff.any()
+    assert net.params["a"][0].diff.any()
+    assert net.params_lr[:2] == [0.0, 0.0] and net.params_lr[2:4] == [1.0, 1.0]
+
+
+def test_propagate_down_false_leaves_bottom_diff_untouched():
+    text = (DATA + linear("first", "x", "h", n=3) +
+            linear("second", "h", "y", extra="propagate_down: false") + halfsq("l", "y"))
+    net = build(text)
+    net.forward()
+    net.blobs["h"].diff[...] = 7.0
+    net.backward()
+    assert (net.blobs["h"].diff == 7.0).all()
+    assert not net.params["first"][0].diff.any()   # nothing reaches it
+    assert net.params["second"][0].diff.any()
+
+
+def test_force_backward_runs_every_layer():
+    text = "force_backward: true\n" + DATA + linear("a", "x", "y") + linear("side", "x", "s")
+    net = build(text)
+    assert all(net.layer_need_backward)
+    assert net.bottom_need_backward[net.layer_names.index("a")] == [True]
+
+
+def test_backward_hook_runs_for_every_layer_in_reverse():
+    net = build(DATA + linear("a", "x", "y") + halfsq("l", "y"))
+    seen = []
+    net.add_backward_hook(lambda i, layer: seen.append((i, layer.name)))
+    net.add_forward_hook(lambda i, layer: seen.append(("f", layer.name)))
+    net.forward_backward()
+    assert seen == [("f", "in"), ("f", "a"), ("f", "l"), (2, "l"), (1, "a"), (0, "in")]
+
+
+# --- the flat parameter buffer -------------------------------------------------------------------
+def test_params_are_views_of_one_flat_buffer():
+    net = build(SHARED + linear("c", "x", "yc", n=5) + halfsq("lc", "yc"))
+    total = sum(b.count for b in net.learnable_params)
+    assert net.flat_data.shape == (total,) and net.flat_diff.shape == (total,)
+    for blobs in net.params.values():
+        for b in blobs:
+            assert numpy.shares_memory(b.data, net.flat_data)
+            assert numpy.shares_memory(b.diff, net.flat_diff)
+    net.flat_data[...] = numpy.arange(total)
+    assert net.params["c"][1].data.tolist() == list(range(total - 5, total))
+    net.params["c"][0].diff[...] = 3.0
+    i = net.layer_names.index("c")
+    (k0, s0), (k1, s1) = net.layer_param_slices[i]
+    assert (k0, k1) == (0, 1) and (net.flat_diff[s0] == 3.0).all()
+    assert net.layer_flat_slice(i) == slice(s0.start, s1.stop) and s1.stop == total
+
+
+# --- phase / level / stage ------------------------------------------------------------------------
+RULES = """
+layer { name: "all" type: "X" }
+layer { name: "train" type: "X" include { phase: TRAIN } }
+layer { name: "test" type: "X" include { phase: TEST } }
+layer { name: "not_test" type: "X" exclude { phase: TEST } }
+layer { name: "lvl" type: "X" include { min_level: 1 max_level: 2 } }
+layer { name: "stage_a" type: "X" include { stage: "a" } }
+layer { name: "a_not_b" type: "X" include { stage: "a" not_stage: "b" } }
+layer { name: "either" type: "X" include { phase: TEST } include { stage: "b" } }
+"""
+
+
+@pytest.mark.parametrize("phase, level, stages, kept", [
+    ("TRAIN", 0, (), ["all", "train", "not_test"]),
+    ("TEST", 0, (), ["all", "test", "either"]),
+    ("TRAIN", 1, ("a",), ["all", "train", "not_test", "lvl", "stage_a", "a_not_b"]),
+    ("TRAIN", 3, ("a", "b"), ["all", "train", "not_test", "stage_a", "either"]),
+])
+def test_phase_level_stage_filtering(phase, level, stages, kept):
+    net_param = filter_net(parse_text(RULES, "rules.prototxt"), phase, level, stages)
+    assert [l.name for l in net_param.layer] == kept
+
+
+def test_include_and_exclude_together_is_an_error():
+    text = 'layer { name: "both" type: "X" include { phase: TEST } exclude { phase: TRAIN } }'
+    with pytest.raises(LayerError, match="'both'.*include rules or exclude rules"):
+        filter_net(parse_text(text, "r.prototxt"), "TRAIN")
+
+
+def test_net_phase_filters_layers():
+    text = DATA + linear("a", "x", "y") + halfsq("l", "y", 'include { phase: TEST }')
+    assert Net(parse_text(text), phase="TRAIN").layer_names == ["in", "a"]
+    assert Net(parse_text(text), phase="TEST").layer_names == ["in", "a", "l"]
+
+
+# --- bad input ----------------------------------------------------------------------------------
+def test_missing_bottom_names_layer_and_place():
+    text = DATA + linear("a", "x", "y") + '\nlayer { name: "loss" type: "NTHalfSq"\n  bottom: "nope" top: "l" }'
+    with pytest.raises(LayerError) as e:
+        build(text)
+    assert str(e.value) == "layer 'loss': unknown bottom blob 'nope' (at net.prototxt:8:3)"
+
+
+def test_duplicate_top_names_the_layer():
+    text = DATA + linear("a", "x", "y") + linear("b", "x", "y")
+    with pytest.raises(LayerError, match=r"layer 'b'.*top blob 'y' produced by multiple sources"):
+        build(text)
+
+
+def test_loss_weight_count_must_match_tops():
+    text = DATA.replace('top: "t"', 'top: "t" loss_weight: 1 loss_weight: 1 loss_weight: 1')
+    with pytest.raises(CaffeError, match="loss_weight must be unspecified or given once per top"):
+        build(text)
+
+
+# --- HDF5 model files ---------------------------------------------------------------------------
+def test_hdf5_roundtrip_with_slashes_and_shared_params(tmp_path):
+    text = SHARED.replace('name: "a"', 'name: "inc/a"') + linear("c/x/1", "x", "yc") + halfsq("lc", "yc")
+    src = build(text, dtype=numpy.float64)
+    path = str(tmp_path / "m.caffemodel.h5")
+    src.to_hdf5(path)
+    import h5py
+    with h5py.File(path) as f:
+        assert set(f["data/inc/a"].keys()) == {"0", "1"}
+        assert set(f["data/b"].keys()) == set()   # shared: not written, group still there
+        assert "x_in_0_split" in f["data"] and f["data/c/x/1/0"].shape == (2, 4)
+    dst = build(text, dtype=numpy.float64, weights=path)
+    for name in ("inc/a", "c/x/1"):
+        for mine, theirs in zip(dst.params[name], src.params[name]):
+            numpy.testing.assert_array_equal(mine.data, theirs.data)
+    numpy.testing.assert_array_equal(dst.params["b"][0].data, src.params["inc/a"][0].data)
+    assert numpy.shares_memory(dst.params["inc/a"][0].data, dst.flat_data)
+
+
+def test_hdf5_shape_mismatch_names_the_layer(tmp_path):
+    path = str(tmp_path / "m.h5")
+    build(DATA + linear("a", "x", "y", n=2)).to_hdf5(path)
+    with pytest.raises(CaffeError, match="layer 'a' param 0: shape mismatch"):
+        build(DATA + linear("a", "x", "y", n=3), weights=path)
+
+
+def test_share_trained_layers_with_shares_data_not_diff():
+    train = build(DATA + linear("a", "x", "y") + halfsq("l", "y"))
+    test = build(DATA + linear("a", "x", "y"), phase="TEST")
+    test.share_trained_layers_with(train)
+    assert numpy.shares_memory(test.params["a"][0].data, train.flat_data)
+    assert not numpy.shares_memory(test.params["a"][0].diff, train.flat_diff)
