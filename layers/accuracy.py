@@ -1,0 +1,59 @@
+"""Accuracy (Caffe's accuracy_layer.cpp): top-k classification accuracy, ties count as misses.
+
+A non-ignored position is correct iff the number of classes k with score_k >= score_true (the
+true class included) is <= top_k. top[0] (0-axis) = correct / non-ignored positions, or 0 when
+there are none; optional top[1] (C,) = per-class accuracy (0 for classes never seen).
+"""
+from engine import backend
+from engine.layer import Layer, register_layer
+from layers.axes import canonical_axis
+from layers.loss_common import check_label_range, class_geometry, int_labels, one_hot
+
+
+@register_layer("Accuracy")
+class AccuracyLayer(Layer):
+    exact_num_bottom = 2
+    min_top = 1
+    max_top = 2
+
+    def layer_setup(self, bottom, top):
+        ap = self.layer_param.accuracy_param
+        self.top_k = int(ap.top_k)
+        self.ignore_label = ap.ignore_label if ap.has("ignore_label") else None
+
+    def allow_force_backward(self, bottom_index):
+        return False
+
+    def reshape(self, bottom, top):
+        self.axis = canonical_axis(self, self.layer_param.accuracy_param.axis, bottom[0].num_axes)
+        self.geom = class_geometry(self, bottom[0].shape, self.axis, bottom[1].count)
+        if self.top_k > self.geom[1]:
+            raise self.error(f"top_k ({self.top_k}) must be less than or equal to the number of "
+                             f"classes ({self.geom[1]}) of bottom[0] {bottom[0].shape}")
+        top[0].reshape(())
+        if len(top) > 1:
+            top[1].reshape((self.geom[1],))
+
+    def forward(self, bottom, top):
+        x = bottom[0].data
+        xp = backend.get_array_module(x)
+        outer, classes, inner = self.geom
+        scores = x.reshape(outer, classes, inner)
+        labels = int_labels(bottom[1].data, outer, inner)
+        valid = (labels != self.ignore_label) if self.ignore_label is not None \
+            else xp.ones(labels.shape, dtype=bool)
+        check_label_range(self, xp, labels, valid, classes)
+        hot = one_hot(xp, labels, classes)
+        true_score = xp.where(hot, scores, 0).sum(axis=1, keepdims=True)
+        at_least = (scores >= true_score).sum(axis=1)       # (outer, inner), counts itself
+        correct = (at_least <= self.top_k) & valid
+        dt = x.dtype
+        top[0].data[...] = correct.sum().astype(dt) / xp.maximum(valid.sum(), 1).astype(dt)
+        if len(top) > 1:
+            seen = (hot & valid[:, None, :]).sum(axis=(0, 2))
+            hits = (hot & correct[:, None, :]).sum(axis=(0, 2))
+            top[1].data[...] = hits.astype(dt) / xp.maximum(seen, 1).astype(dt)
+
+    def backward(self, top, propagate_down, bottom):
+        if any(propagate_down):
+            raise self.error("Accuracy has no backward; it cannot propagate to its bottoms")

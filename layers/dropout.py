@@ -1,0 +1,44 @@
+"""Dropout: inverted dropout (Caffe's dropout_layer.cpp).
+
+TRAIN: keep each element with probability 1 - ratio and scale kept ones by 1 / (1 - ratio), so
+TEST is the identity in forward and backward. The mask comes from ``engine.backend.random_uniform``
+and is therefore reproducible with ``backend.seed``. In place is fine: backward uses only the mask.
+"""
+from engine import backend
+from engine.layer import Layer, register_layer
+from layers.axes import reshape_like
+
+
+@register_layer("Dropout")
+class DropoutLayer(Layer):
+    exact_num_bottom = 1
+    exact_num_top = 1
+
+    def layer_setup(self, bottom, top):
+        self.ratio = float(self.layer_param.dropout_param.dropout_ratio)
+        if not 0.0 <= self.ratio < 1.0:
+            raise self.error(f"dropout_param.dropout_ratio must be in [0, 1), got {self.ratio}")
+        self.scale = 1.0 / (1.0 - self.ratio)
+        self.mask = None
+
+    def reshape(self, bottom, top):
+        reshape_like(bottom, top)
+
+    def forward(self, bottom, top):
+        x = bottom[0].data
+        if self.phase != "TRAIN":
+            top[0].data[...] = x
+            return
+        xp = backend.get_array_module(x)
+        # u >= ratio has probability 1 - ratio (Caffe's Bernoulli(1 - ratio)).
+        u = backend.random_uniform(x.shape, x.dtype, xp)
+        self.mask = (u >= x.dtype.type(self.ratio)) * x.dtype.type(self.scale)
+        top[0].data[...] = x * self.mask
+
+    def backward(self, top, propagate_down, bottom):
+        if not propagate_down[0]:
+            return
+        if self.phase != "TRAIN":
+            bottom[0].diff[...] = top[0].diff
+            return
+        bottom[0].diff[...] = top[0].diff * self.mask

@@ -1,0 +1,37 @@
+"""Helpers shared by the classification layers (SoftmaxWithLoss, Accuracy).
+
+Scores of shape (..., C, ...) with the class axis at ``axis`` are viewed as (outer, C, inner) and
+labels (any shape with outer·inner elements) as (outer, inner), as Caffe indexes them.
+"""
+from layers.axes import count
+
+
+def class_geometry(layer, scores_shape, axis, label_count):
+    """(outer, classes, inner) for scores, checking that there is one label per position."""
+    outer, classes, inner = count(scores_shape, 0, axis), scores_shape[axis], count(scores_shape, axis + 1)
+    if outer * inner != label_count:
+        raise layer.error(
+            f"number of labels must match number of predictions: scores {tuple(scores_shape)} with "
+            f"class axis {axis} need {outer * inner} labels (outer {outer} × inner {inner}), "
+            f"got {label_count}; labels are integers in 0 .. {classes - 1}")
+    return outer, classes, inner
+
+
+def int_labels(label_data, outer, inner):
+    """Labels as int64 (outer, inner); truncation toward zero as Caffe's static_cast<int>."""
+    return label_data.reshape(outer, inner).astype("int64")
+
+
+def check_label_range(layer, xp, labels, valid, classes):
+    """Raise when a non-ignored label is outside 0 .. classes-1 (one device sync on CuPy)."""
+    bad = valid & ((labels < 0) | (labels >= classes))
+    if bool(bad.any()):
+        first = int(labels[bad].reshape(-1)[0])
+        raise layer.error(f"label {first} out of range: labels must be in 0 .. {classes - 1} "
+                          f"(or equal to ignore_label)")
+
+
+def one_hot(xp, labels, classes):
+    """Boolean (outer, classes, inner) mask, True at [n, labels[n, j], j]."""
+    ks = xp.arange(classes).reshape(1, classes, 1)
+    return labels[:, None, :] == ks

@@ -1,0 +1,165 @@
+"""Elementwise neuron layers: ReLU, Sigmoid, TanH, Power, Exp, Log (Caffe's NeuronLayer family).
+
+All take one bottom and one top of the same shape and may run in place (top[0] is bottom[0]).
+In place, bottom data is overwritten by forward, so each backward uses only top data or state
+saved in forward when it needs the input ``x``.
+"""
+import math
+
+from engine import backend
+from engine.layer import Layer, register_layer
+from layers.axes import is_in_place, reshape_like
+
+
+class NeuronLayer(Layer):
+    """One bottom, one top of the same shape; ``y = f(x)`` elementwise."""
+    exact_num_bottom = 1
+    exact_num_top = 1
+
+    def reshape(self, bottom, top):
+        reshape_like(bottom, top)
+
+    def forward(self, bottom, top):
+        x = bottom[0].data
+        self._save_input(x, is_in_place(bottom, top))
+        top[0].data[...] = self.f(x, backend.get_array_module(x))
+
+    def backward(self, top, propagate_down, bottom):
+        if not propagate_down[0]:
+            return
+        xp = backend.get_array_module(top[0].data)
+        bottom[0].diff[...] = top[0].diff * self.df(bottom, top, xp)
+
+    def _save_input(self, x, in_place):
+        """Keep a copy of x only when backward needs it and forward is about to overwrite it."""
+        self._x = x.copy() if (in_place and self.needs_input) else None
+
+    def _input(self, bottom):
+        return bottom[0].data if self._x is None else self._x
+
+    needs_input = False
+
+    def f(self, x, xp):
+        raise NotImplementedError
+
+    def df(self, bottom, top, xp):
+        """dy/dx, shape of x."""
+        raise NotImplementedError
+
+
+@register_layer("ReLU")
+class ReLULayer(NeuronLayer):
+    """y = max(x, 0) + slope * min(x, 0); dy/dx = 1 for x > 0 else slope (slope at exactly 0)."""
+
+    def layer_setup(self, bottom, top):
+        self.slope = float(self.layer_param.relu_param.negative_slope)
+        # With slope >= 0, y > 0 exactly when x > 0, so top data suffices (in place too).
+        self.needs_input = self.slope < 0
+
+    def f(self, x, xp):
+        if self.slope == 0:
+            return xp.maximum(x, 0)
+        return xp.where(x > 0, x, x * x.dtype.type(self.slope))
+
+    def df(self, bottom, top, xp):
+        ref = self._input(bottom) if self.needs_input else top[0].data
+        dt = ref.dtype.type
+        return xp.where(ref > 0, dt(1), dt(self.slope))
+
+
+@register_layer("Sigmoid")
+class SigmoidLayer(NeuronLayer):
+    """y = 1 / (1 + exp(-x)), computed as 0.5·tanh(x/2) + 0.5 (no overflow); dy/dx = y(1-y)."""
+
+    def f(self, x, xp):
+        half = x.dtype.type(0.5)
+        return xp.tanh(x * half) * half + half
+
+    def df(self, bottom, top, xp):
+        y = top[0].data
+        return y * (1 - y)
+
+
+@register_layer("TanH")
+class TanHLayer(NeuronLayer):
+    """y = tanh(x); dy/dx = 1 - y²."""
+
+    def f(self, x, xp):
+        return xp.tanh(x)
+
+    def df(self, bottom, top, xp):
+        y = top[0].data
+        return 1 - y * y
+
+
+@register_layer("Power")
+class PowerLayer(NeuronLayer):
+    """y = (shift + scale·x)^power; dy/dx = power·scale·(shift + scale·x)^(power-1)."""
+
+    def layer_setup(self, bottom, top):
+        p = self.layer_param.power_param
+        self.power, self.scale, self.shift = float(p.power), float(p.scale), float(p.shift)
+        self.diff_scale = self.power * self.scale
+        # The derivative is constant when power is 1 or the output does not depend on x.
+        self.needs_input = not (self.diff_scale == 0 or self.power == 1)
+
+    def f(self, x, xp):
+        dt = x.dtype.type
+        if self.diff_scale == 0:  # Caffe: y = 1 for power 0, else shift^power, for every x
+            value = 1.0 if self.power == 0 else self.shift ** self.power
+            return xp.full(x.shape, value, dtype=x.dtype)
+        return (x * dt(self.scale) + dt(self.shift)) ** dt(self.power)
+
+    def df(self, bottom, top, xp):
+        x = self._input(bottom)
+        dt = x.dtype.type
+        if not self.needs_input:
+            return xp.full(x.shape, self.diff_scale, dtype=x.dtype)
+        base = x * dt(self.scale) + dt(self.shift)
+        return dt(self.diff_scale) * base ** dt(self.power - 1)
+
+
+@register_layer("Exp")
+class ExpLayer(NeuronLayer):
+    """y = base^(shift + scale·x) (base -1 means e); dy/dx = y·ln(base)·scale."""
+
+    def layer_setup(self, bottom, top):
+        p = self.layer_param.exp_param
+        base = float(p.base)
+        if base != -1 and base <= 0:
+            raise self.error(f"exp_param.base must be strictly positive (or -1 for e), got {base}")
+        log_base = 1.0 if base == -1 else math.log(base)
+        self.inner_scale = log_base * float(p.scale)
+        self.outer_scale = 1.0 if p.shift == 0 else math.exp(log_base * float(p.shift))
+
+    def f(self, x, xp):
+        dt = x.dtype.type
+        return dt(self.outer_scale) * xp.exp(x * dt(self.inner_scale))
+
+    def df(self, bottom, top, xp):
+        return top[0].data * top[0].data.dtype.type(self.inner_scale)
+
+
+@register_layer("Log")
+class LogLayer(NeuronLayer):
+    """y = log_base(shift + scale·x) (base -1 means e); dy/dx = scale / ((shift + scale·x)·ln base)."""
+    needs_input = True
+
+    def layer_setup(self, bottom, top):
+        p = self.layer_param.log_param
+        base = float(p.base)
+        if base != -1 and (base <= 0 or base == 1):
+            raise self.error(f"log_param.base must be positive and not 1 (or -1 for e), got {base}")
+        self.base_scale = 1.0 if base == -1 else 1.0 / math.log(base)
+        self.scale, self.shift = float(p.scale), float(p.shift)
+
+    def _arg(self, x):
+        dt = x.dtype.type
+        return x * dt(self.scale) + dt(self.shift)
+
+    def f(self, x, xp):
+        return xp.log(self._arg(x)) * x.dtype.type(self.base_scale)
+
+    def df(self, bottom, top, xp):
+        x = self._input(bottom)
+        return x.dtype.type(self.scale * self.base_scale) / self._arg(x)

@@ -1,0 +1,91 @@
+"""SoftmaxWithLoss (Caffe's softmax_loss_layer.cpp + loss_layer.cpp).
+
+loss = -Σ log(max(p[label], FLT_MIN)) / max(1, normalizer) over non-ignored positions, with the
+softmax over ``softmax_param.axis``. Normalizer: VALID (non-ignored count, the default), FULL
+(outer·inner), BATCH_SIZE (outer), NONE (1); legacy ``normalize: false`` with no
+``normalization`` means BATCH_SIZE. top[0] is a 0-axis scalar; an optional top[1] is the softmax.
+Backward: dx = (p - onehot) · top[0].diff / normalizer, 0 at ignored positions; labels never
+take a gradient.
+"""
+from engine import backend
+from engine.layer import Layer, register_layer
+from layers.axes import canonical_axis
+from layers.loss_common import check_label_range, class_geometry, int_labels, one_hot
+from layers.softmax import softmax
+
+# Caffe clamps with FLT_MIN for float and double alike.
+FLT_MIN = 1.17549435082228750797e-38
+
+
+def normalization_mode(loss_param):
+    """Caffe's rule: ``normalization`` if set, else legacy ``normalize`` (false → BATCH_SIZE)."""
+    if not loss_param.has("normalization") and loss_param.has("normalize"):
+        return "VALID" if loss_param.normalize else "BATCH_SIZE"
+    return loss_param.normalization
+
+
+def normalizer(xp, mode, outer, inner, valid, dtype):
+    """max(1, divisor) for ``mode``; stays on the device (no sync) for VALID."""
+    if mode == "FULL":
+        return float(max(1, outer * inner))
+    if mode == "BATCH_SIZE":
+        return float(max(1, outer))
+    if mode == "NONE":
+        return 1.0
+    return xp.maximum(valid.sum(), 1).astype(dtype)
+
+
+@register_layer("SoftmaxWithLoss")
+class SoftmaxWithLossLayer(Layer):
+    exact_num_bottom = 2
+    min_top = 1
+    max_top = 2
+    default_loss_weight = 1.0
+
+    def layer_setup(self, bottom, top):
+        lp = self.layer_param.loss_param
+        self.ignore_label = lp.ignore_label if lp.has("ignore_label") else None
+        self.mode = normalization_mode(lp)
+
+    def allow_force_backward(self, bottom_index):
+        return bottom_index != 1
+
+    def reshape(self, bottom, top):
+        if bottom[0].shape[:1] != bottom[1].shape[:1]:
+            raise self.error(f"the data and label should have the same first dimension: "
+                             f"bottom[0] {bottom[0].shape}, bottom[1] {bottom[1].shape}")
+        self.axis = canonical_axis(self, self.layer_param.softmax_param.axis, bottom[0].num_axes)
+        self.geom = class_geometry(self, bottom[0].shape, self.axis, bottom[1].count)
+        top[0].reshape(())
+        if len(top) > 1:
+            top[1].reshape(bottom[0].shape)
+
+    def forward(self, bottom, top):
+        x = bottom[0].data
+        xp = backend.get_array_module(x)
+        outer, classes, inner = self.geom
+        self.prob = softmax(x, self.axis, xp)
+        p = self.prob.reshape(outer, classes, inner)
+        labels = int_labels(bottom[1].data, outer, inner)
+        valid = (labels != self.ignore_label) if self.ignore_label is not None \
+            else xp.ones(labels.shape, dtype=bool)
+        check_label_range(self, xp, labels, valid, classes)
+        self.hot = one_hot(xp, labels, classes) & valid[:, None, :]
+        p_true = xp.where(self.hot, p, 0).sum(axis=1)
+        logs = xp.log(xp.maximum(p_true, x.dtype.type(FLT_MIN)))
+        self.norm = normalizer(xp, self.mode, outer, inner, valid, x.dtype)
+        top[0].data[...] = -xp.where(valid, logs, 0).sum() / self.norm
+        self.valid = valid
+        if len(top) > 1:
+            top[1].data[...] = self.prob
+
+    def backward(self, top, propagate_down, bottom):
+        if propagate_down[1]:
+            raise self.error("cannot backpropagate to label inputs (bottom[1])")
+        if not propagate_down[0]:
+            return
+        outer, classes, inner = self.geom
+        g = self.prob.reshape(outer, classes, inner) - self.hot
+        g = g * self.valid[:, None, :]
+        scale = top[0].diff / self.norm
+        bottom[0].diff[...] = (g * scale).reshape(bottom[0].shape)
