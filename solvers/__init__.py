@@ -1,1 +1,15 @@
-"""Solvers and learning-rate policies."""
+"""Solvers (Caffe's update rules, registered by type string) and learning-rate policies.
+
+``create_solver(solver_param, net, log=None)`` builds the solver named by ``solver_param.type``
+(or the legacy ``solver_type`` enum). Every solver module is imported explicitly below so that
+its ``@register_solver`` runs.
+"""
+from solvers.registry import SOLVERS, LEGACY_SOLVER_TYPES, register_solver, create_solver  # noqa: F401
+from solvers.registry import solver_type_name  # noqa: F401
+from solvers import lr_policy  # noqa: F401
+from solvers import sgd  # noqa: F401
+from solvers import nesterov  # noqa: F401
+from solvers import adagrad  # noqa: F401
+from solvers import rmsprop  # noqa: F401
+from solvers import adadelta  # noqa: F401
+from solvers import adam  # noqa: F401

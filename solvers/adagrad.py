@@ -1,0 +1,25 @@
+"""AdaGrad (``AdaGradSolver``): h += diff^2; update = local_rate * diff / (sqrt(h) + delta).
+
+Caffe refuses momentum with AdaGrad.
+"""
+from engine import backend
+from solvers.registry import register_solver
+from solvers.sgd import SGDSolver
+
+
+@register_solver("AdaGrad")
+class AdaGradSolver(SGDSolver):
+    def check_settings(self):
+        self._require_no_momentum()
+
+    def compute_update_value(self, i, rate):
+        p = self.net.learnable_params[i]
+        xp = backend.get_array_module(p.data)
+        dt = p.data.dtype.type
+        h = self.history[i]
+        tmp = self.scratch(i, 0)
+        h += xp.multiply(p.diff, p.diff, out=tmp)
+        xp.sqrt(h, out=tmp)
+        tmp += self.hyper("delta", dt)
+        p.diff /= tmp
+        p.diff *= self.local_rate(i, rate)

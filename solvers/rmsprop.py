@@ -1,0 +1,34 @@
+"""RMSProp (``RMSPropSolver``): h = d*h + (1-d)*diff^2; update = local_rate*diff/(sqrt(h)+delta).
+
+d is ``rms_decay`` (0 <= d <= 1); Caffe refuses momentum with RMSProp.
+"""
+from engine import backend
+from engine.errors import SolverError
+from solvers.registry import register_solver
+from solvers.sgd import SGDSolver
+
+
+@register_solver("RMSProp")
+class RMSPropSolver(SGDSolver):
+    def check_settings(self):
+        self._require_no_momentum()
+        d = self.param.rms_decay
+        if not 0 <= d <= 1:
+            raise SolverError(f"{self.param.location('rms_decay')}: rms_decay must be in [0, 1] "
+                              f"(got {d:g})")
+
+    def compute_update_value(self, i, rate):
+        p = self.net.learnable_params[i]
+        xp = backend.get_array_module(p.data)
+        dt = p.data.dtype.type
+        d = self.hyper("rms_decay", dt)
+        h = self.history[i]
+        tmp = self.scratch(i, 0)
+        xp.multiply(p.diff, p.diff, out=tmp)
+        tmp *= dt(1) - d
+        h *= d
+        h += tmp
+        xp.sqrt(h, out=tmp)
+        tmp += self.hyper("delta", dt)
+        p.diff /= tmp
+        p.diff *= self.local_rate(i, rate)

@@ -1,0 +1,213 @@
+"""SGD with momentum, and the update skeleton every Caffe solver shares (``SGDSolver``).
+
+``apply_update()`` is Caffe's ``SGDSolver::ApplyUpdate``, in Caffe's order:
+
+1. rate = lr policy at ``iter`` (logged as "Iteration N, lr = r" when ``iter % display == 0``);
+2. clip all diffs together by their global L2 norm (before the iter_size normalisation, so the
+   *sum* over iter_size passes is what gets clipped);
+3. per learnable param i: diff *= 1/iter_size; diff += local_decay * (w | sign(w)) with
+   local_decay = weight_decay * decay_mult_i; diff = update value (``compute_update_value``,
+   with local_rate = rate * lr_mult_i — the rate sits *inside* the momentum history);
+4. w -= diff for every learnable param; 5. iter += 1.
+
+All arithmetic is done in the params' dtype, elementwise and in place (param data/diff are views
+into the Net's flat buffers and must never be rebound), on the params' array module; the only
+reduction (the clipping norm) runs in a fixed param order, so ranks with identical gradients get
+bit-identical weights.
+"""
+import numpy
+
+from engine import backend
+from engine.errors import SolverError
+from solvers import lr_policy
+from solvers.registry import register_solver
+
+REGULARIZATION_TYPES = ("L1", "L2")
+
+
+def _no_log(message):
+    """Default logger: drop the message."""
+
+
+def format_g(value):
+    """A number as C++ ``ostream <<`` prints it by default (6 significant digits, like %g)."""
+    return "%g" % float(value)
+
+
+@register_solver("SGD")
+class SGDSolver:
+    """Momentum SGD: ``h = momentum*h + local_rate*diff``; ``diff = h``.
+
+    ``net`` needs ``learnable_params`` (Blobs with .data/.diff), ``params_lr`` and
+    ``params_weight_decay`` (one float per learnable param). ``history`` holds
+    ``history_sets * n`` arrays of the params' shapes (Adam/AdaDelta: first set, then second).
+    """
+    history_sets = 1
+
+    def __init__(self, solver_param, net, log=None):
+        self.param = solver_param
+        self.net = net
+        self.log = log if log is not None else _no_log
+        self.iter = 0
+        self.current_step = 0
+        lr_policy.validate(solver_param)
+        self._check_common_settings()
+        self.check_settings()
+        params = net.learnable_params
+        self.history = [backend.get_array_module(p.data).zeros_like(p.data)
+                        for _ in range(self.history_sets) for p in params]
+        self._scratch = {}
+
+    # --- configuration checks -----------------------------------------------------------------
+    def _check_common_settings(self):
+        p = self.param
+        if p.regularization_type not in REGULARIZATION_TYPES:
+            raise SolverError(f"{p.location('regularization_type')}: unknown regularization_type "
+                              f"'{p.regularization_type}'; valid types: "
+                              + ", ".join(REGULARIZATION_TYPES))
+        if p.iter_size < 1:
+            raise SolverError(f"{p.location('iter_size')}: iter_size must be >= 1 "
+                              f"(got {p.iter_size})")
+        n = len(self.net.learnable_params)
+        if len(self.net.params_lr) != n or len(self.net.params_weight_decay) != n:
+            raise SolverError(f"net has {n} learnable params but {len(self.net.params_lr)} "
+                              f"lr_mult and {len(self.net.params_weight_decay)} decay_mult values")
+
+    def check_settings(self):
+        """Solver-specific sanity checks (Caffe's constructor CHECKs); SGD has none."""
+
+    def _require_no_momentum(self):
+        if self.param.momentum != 0:
+            raise SolverError(f"{self.param.location('momentum')}: momentum cannot be used with "
+                              f"{self.type} (got {self.param.momentum:g})")
+
+    # --- learning rate --------------------------------------------------------------------------
+    @property
+    def rate_dtype(self):
+        """Dtype the rate is held in (Caffe's Dtype): that of the first learnable param."""
+        params = self.net.learnable_params
+        return numpy.dtype(params[0].data.dtype) if params else numpy.dtype(numpy.float32)
+
+    def learning_rate(self):
+        """The rate the next ``apply_update`` will use (pure: changes no state)."""
+        r = lr_policy.learning_rate(self.param, self.iter, self.current_step).rate
+        return float(self.rate_dtype.type(r))
+
+    def _advance_rate(self):
+        r = lr_policy.learning_rate(self.param, self.iter, self.current_step)
+        self.current_step = r.current_step
+        if r.message is not None:
+            self.log(r.message)
+        return float(self.rate_dtype.type(r.rate))
+
+    # --- the update -----------------------------------------------------------------------------
+    def apply_update(self):
+        """One Caffe update step on the net's accumulated diffs; advances ``iter`` by one."""
+        rate = self._advance_rate()
+        if self.param.display and self.iter % self.param.display == 0:
+            self.log(f"Iteration {self.iter}, lr = {format_g(rate)}")
+        self.clip_gradients()
+        for i in range(len(self.net.learnable_params)):
+            self.normalize(i)
+            self.regularize(i)
+            self.compute_update_value(i, rate)
+        for p in self.net.learnable_params:
+            p.data -= p.diff
+        self.iter += 1
+
+    def clip_gradients(self):
+        """Scale all diffs by clip/norm when their global L2 norm exceeds ``clip_gradients``."""
+        clip = self.param.clip_gradients
+        params = self.net.learnable_params
+        if clip < 0 or not params:
+            return
+        dt = self.rate_dtype.type
+        sumsq = None
+        for i, p in enumerate(params):  # fixed order: reproducible across ranks and runs
+            xp = backend.get_array_module(p.diff)
+            sq = xp.multiply(p.diff, p.diff, out=self.scratch(i, 0)).sum()
+            sumsq = sq if sumsq is None else sumsq + sq  # stays on the device until here
+        norm = numpy.sqrt(dt(sumsq))
+        clip = dt(clip)
+        if norm > clip:
+            scale = clip / norm
+            self.log(f"Gradient clipping: scaling down gradients (L2 norm {format_g(norm)} > "
+                     f"{format_g(clip)}) by scale factor {format_g(scale)}")
+            for p in params:
+                p.diff *= p.diff.dtype.type(scale)
+
+    def normalize(self, i):
+        """diff *= 1/iter_size (Caffe multiplies by the reciprocal, computed in Dtype)."""
+        size = self.param.iter_size
+        if size > 1:
+            diff = self.net.learnable_params[i].diff
+            one = diff.dtype.type(1)
+            diff *= one / diff.dtype.type(size)
+
+    def regularize(self, i):
+        """diff += weight_decay * decay_mult_i * (w for L2 | sign(w) for L1)."""
+        p = self.net.learnable_params[i]
+        dt = p.data.dtype.type
+        local_decay = self.hyper("weight_decay", dt) * dt(numpy.float32(
+            self.net.params_weight_decay[i]))
+        if not local_decay:
+            return
+        xp = backend.get_array_module(p.data)
+        tmp = self.scratch(i, 0)
+        if self.param.regularization_type == "L2":
+            xp.multiply(p.data, local_decay, out=tmp)
+        else:
+            xp.sign(p.data, out=tmp)
+            tmp *= local_decay
+        p.diff += tmp
+
+    def local_rate(self, i, rate):
+        """rate * lr_mult_i in the param's dtype (lr_mult is a proto float, i.e. float32)."""
+        dt = self.net.learnable_params[i].data.dtype.type
+        return dt(rate) * dt(numpy.float32(self.net.params_lr[i]))
+
+    def compute_update_value(self, i, rate):
+        """h = momentum*h + local_rate*diff; diff = h."""
+        p = self.net.learnable_params[i]
+        dt = p.data.dtype.type
+        h = self.history[i]
+        tmp = self.scratch(i, 0)
+        backend.get_array_module(h).multiply(p.diff, self.local_rate(i, rate), out=tmp)
+        h *= self.hyper("momentum", dt)
+        h += tmp
+        p.diff[...] = h
+
+    # --- helpers --------------------------------------------------------------------------------
+    def hyper(self, name, dtype_type):
+        """SolverParameter float ``name`` as Caffe holds it (float32), cast to the param dtype."""
+        return dtype_type(lr_policy.proto_float(self.param, name))
+
+    def scratch(self, i, k):
+        """Reusable temporary k for param i (Caffe's temp_/update_ blobs), same shape/dtype/xp."""
+        buf = self._scratch.get((i, k))
+        if buf is None:
+            data = self.net.learnable_params[i].data
+            buf = backend.get_array_module(data).empty_like(data)
+            self._scratch[(i, k)] = buf
+        return buf
+
+    # --- snapshot state -------------------------------------------------------------------------
+    def state(self):
+        """dict(iter, current_step, history=[host numpy copies, in learnable order])."""
+        return {"iter": int(self.iter), "current_step": int(self.current_step),
+                "history": [backend.to_numpy(h).copy() for h in self.history]}
+
+    def restore(self, state):
+        """Load ``state()`` output (or a solverstate read from HDF5) into this solver."""
+        hist = state["history"]
+        if len(hist) != len(self.history):
+            raise SolverError(f"solver state has {len(hist)} history blobs but this {self.type} "
+                              f"solver on this net needs {len(self.history)}")
+        for k, (h, src) in enumerate(zip(self.history, hist)):
+            src = numpy.asarray(src)
+            if src.size != h.size:  # legacy 4-D shapes are accepted when the count matches
+                raise SolverError(f"solver state history blob {k} has shape {src.shape}, "
+                                  f"expected {tuple(h.shape)}")
+            h[...] = backend.to_device(src.reshape(h.shape).astype(h.dtype), like=h)
+        self.iter = int(state["iter"])
+        self.current_step = int(state.get("current_step", 0))
