@@ -1,0 +1,157 @@
+"""Convolution: forward against direct loops, float64 gradient checks, shapes, errors, CuPy."""
+import numpy
+import pytest
+
+from engine.errors import LayerError
+from engine.gradcheck import check_layer_gradient
+from layers import conv as conv_module
+from tests.layers import naive
+from tests.layers.spatial_helpers import build, forward, gpu_matches_cpu, set_params
+
+RNG = numpy.random.default_rng(42)
+
+
+def conv_text(body, name="c"):
+    return f'name: "{name}" type: "Convolution" convolution_param {{ {body} }}'
+
+
+# (bottom shape, convolution_param body, stride, pad, dilation, group)
+CASES = [
+    ((2, 3, 6, 5), "num_output: 4 kernel_size: 3 pad: 1", (1, 1), (1, 1), (1, 1), 1),
+    ((1, 2, 7, 8), "num_output: 3 kernel_h: 3 kernel_w: 2 stride_h: 2 stride_w: 1 pad_h: 1 pad_w: 0",
+     (2, 1), (1, 0), (1, 1), 1),
+    ((2, 4, 9, 9), "num_output: 6 kernel_size: 3 group: 2 dilation: 2 pad: 2 stride: 2",
+     (2, 2), (2, 2), (2, 2), 2),
+    ((1, 6, 8, 9), "num_output: 3 kernel_size: 2 kernel_size: 3 stride: 1 stride: 3 pad: 1 pad: 2 "
+     "dilation: 1 dilation: 2 group: 3", (1, 3), (1, 2), (1, 2), 3),
+    ((2, 3, 5, 4), "num_output: 5 kernel_size: 1 bias_term: false", (1, 1), (0, 0), (1, 1), 1),
+    ((1, 2, 7, 7), "num_output: 2 kernel_size: 2 stride: 3", (3, 3), (0, 0), (1, 1), 1),
+]
+
+
+@pytest.mark.parametrize("shape,body,stride,pad,dilation,group", CASES)
+def test_forward_matches_direct_loops(shape, body, stride, pad, dilation, group):
+    x = RNG.standard_normal(shape)
+    layer, bottom, top = build(conv_text(body), [x])
+    set_params(layer)
+    w = layer.blobs[0].data
+    b = layer.blobs[1].data if len(layer.blobs) > 1 else None
+    expected = naive.conv_forward(x, w, b, stride, pad, dilation, group)
+    (got,) = forward(layer, bottom, top)
+    assert got.shape == expected.shape
+    numpy.testing.assert_allclose(got, expected, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("shape,body", [(c[0], c[1]) for c in CASES[:5]])
+def test_gradients(shape, body):
+    layer, bottom, top = build(conv_text(body), [RNG.standard_normal(shape)])
+    set_params(layer)
+    check_layer_gradient(layer, bottom, top, setup=False)
+
+
+def test_two_bottoms_share_weights_and_accumulate():
+    body = "num_output: 3 kernel_size: 3 pad: 1 group: 1"
+    x0, x1 = RNG.standard_normal((1, 2, 4, 4)), RNG.standard_normal((1, 2, 4, 4))
+    layer, bottom, top = build(conv_text(body), [x0, x1], n_top=2)
+    set_params(layer)
+    w, b = layer.blobs[0].data, layer.blobs[1].data
+    got = forward(layer, bottom, top)
+    for x, y in zip((x0, x1), got):
+        numpy.testing.assert_allclose(y, naive.conv_forward(x, w, b, (1, 1), (1, 1), (1, 1), 1),
+                                      rtol=1e-12, atol=1e-12)
+    check_layer_gradient(layer, bottom, top, setup=False)
+
+
+def test_param_diffs_accumulate_bottom_diff_overwritten():
+    layer, bottom, top = build(conv_text("num_output: 2 kernel_size: 2"), [RNG.standard_normal((2, 2, 3, 3))])
+    set_params(layer)
+    forward(layer, bottom, top)
+    top[0].diff[...] = RNG.standard_normal(top[0].shape)
+    layer.backward(top, [True], bottom)
+    first = [p.diff.copy() for p in layer.blobs], bottom[0].diff.copy()
+    layer.backward(top, [True], bottom)
+    for p, d in zip(layer.blobs, first[0]):
+        numpy.testing.assert_allclose(p.diff, 2 * d)
+    numpy.testing.assert_allclose(bottom[0].diff, first[1])
+
+
+def test_batch_chunking_gives_the_same_results(monkeypatch):
+    body = "num_output: 4 kernel_size: 3 pad: 1 stride: 2 group: 2"
+    x = RNG.standard_normal((5, 4, 6, 6))
+    results = []
+    for limit in (conv_module.MAX_COL_ELEMENTS, 40):  # 40 elements: one image per chunk
+        monkeypatch.setattr(conv_module, "MAX_COL_ELEMENTS", limit)
+        layer, bottom, top = build(conv_text(body), [x])
+        set_params(layer)
+        (y,) = forward(layer, bottom, top)
+        top[0].diff[...] = numpy.linspace(-1, 1, top[0].count).reshape(top[0].shape)
+        layer.backward(top, [True], bottom)
+        results.append([y, bottom[0].diff.copy(), layer.blobs[0].diff.copy(), layer.blobs[1].diff.copy()])
+    for a, b in zip(*results):
+        numpy.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-12)
+
+
+def test_three_d_convolution_matches_direct_loops():
+    x = RNG.standard_normal((1, 2, 4, 3, 5))
+    layer, bottom, top = build(conv_text("num_output: 2 kernel_size: 2 kernel_size: 2 kernel_size: 3"), [x])
+    set_params(layer)
+    assert layer.blobs[0].shape == (2, 2, 2, 2, 3)
+    (got,) = forward(layer, bottom, top)
+    numpy.testing.assert_allclose(got, naive.conv3d_forward(x, layer.blobs[0].data, layer.blobs[1].data),
+                                  rtol=1e-12, atol=1e-12)
+
+
+def test_float32_default_and_caffenet_shapes():
+    """Caffe's output formula on CaffeNet conv1/conv2; float32 params by default."""
+    from engine.layer import create_layer
+    from engine.prototxt import parse_layer
+    from engine.blob import Blob
+    for body, shape, wshape, out in [
+            ("num_output: 96 kernel_size: 11 stride: 4", (1, 3, 227, 227), (96, 3, 11, 11), (1, 96, 55, 55)),
+            ("num_output: 256 pad: 2 kernel_size: 5 group: 2", (1, 96, 27, 27), (256, 48, 5, 5), (1, 256, 27, 27))]:
+        layer = create_layer(parse_layer(conv_text(body)))
+        bottom, top = [Blob(shape)], [Blob(())]
+        layer.setup(bottom, top)
+        assert layer.blobs[0].shape == wshape and layer.blobs[0].dtype == numpy.float32
+        assert top[0].shape == out
+
+
+def test_float32_forward_close_to_reference():
+    x = RNG.standard_normal((1, 4, 6, 6)).astype(numpy.float32)
+    layer, bottom, top = build(conv_text("num_output: 4 kernel_size: 3 group: 2 pad: 1"), [x],
+                               dtype=numpy.float32)
+    set_params(layer)
+    (got,) = forward(layer, bottom, top)
+    assert got.dtype == numpy.float32
+    expected = naive.conv_forward(x.astype(float), layer.blobs[0].data.astype(float),
+                                  layer.blobs[1].data.astype(float), (1, 1), (1, 1), (1, 1), 2)
+    numpy.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("body,shape,fragment", [
+    ("num_output: 2 kernel_size: 5 pad: 1", (1, 1, 2, 2), "larger than the padded input"),
+    ("kernel_size: 3", (1, 2, 5, 5), "num_output"),
+    ("num_output: 4 kernel_size: 3 group: 2", (1, 3, 5, 5), "multiple of group"),
+    ("num_output: 3 kernel_size: 3 group: 2", (1, 4, 5, 5), "num_output (3) must be a multiple"),
+    ("num_output: 2 kernel_size: 3 axis: 2", (1, 4, 5, 5), "axis"),
+    ("num_output: 2 kernel_size: 3 kernel_h: 3 kernel_w: 3", (1, 1, 5, 5), "not both"),
+    ("num_output: 2", (1, 1, 5, 5), "kernel_size"),
+    ("num_output: 2 kernel_size: 3 stride: 0", (1, 1, 5, 5), "stride"),
+])
+def test_errors_name_the_layer(body, shape, fragment):
+    with pytest.raises(LayerError) as info:
+        build(conv_text(body, name="conv_bad"), [numpy.zeros(shape)])
+    assert "conv_bad" in str(info.value) and fragment in str(info.value)
+
+
+def test_reshape_rejects_changed_channels():
+    layer, bottom, top = build(conv_text("num_output: 2 kernel_size: 1", name="cc"), [numpy.zeros((1, 3, 4, 4))])
+    bottom[0].reshape((1, 4, 4, 4))
+    with pytest.raises(LayerError, match="cc"):
+        layer.reshape(bottom, top)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape,body", [(c[0], c[1]) for c in CASES])
+def test_cupy_matches_numpy(shape, body):
+    gpu_matches_cpu(conv_text(body), [RNG.standard_normal(shape).astype(numpy.float32)])
