@@ -5,9 +5,6 @@ from layers import pooling  # noqa: F401
 from layers import lrn  # noqa: F401
 from layers import inner_product  # noqa: F401
 from layers import emulate  # noqa: F401
-import layers.image_data  # noqa: E402,F401
-import layers.hdf5_data  # noqa: E402,F401
-import layers.data  # noqa: E402,F401
 from layers import accuracy  # noqa: F401
 from layers import concat  # noqa: F401
 from layers import dropout  # noqa: F401
