@@ -21,3 +21,6 @@ from layers import softmax  # noqa: F401
 from layers import softmax_loss  # noqa: F401
 from layers import split  # noqa: F401
 from layers import sequence_data  # noqa: F401
+from layers import image_data  # noqa: F401
+from layers import hdf5_data  # noqa: F401
+from layers import data  # noqa: F401

@@ -1,0 +1,104 @@
+"""Common part of the data layers (Caffe's BaseDataLayer + BasePrefetchingDataLayer).
+
+A data layer subclass implements ``data_setup(top) -> list of top shapes`` (open the source, read
+one record to learn the shapes) and ``load_batch() -> tuple of host arrays`` (the next batch, in
+the layer's dtype). This class adds:
+
+* sharding (SPEC §2.3): the Net sets ``layer.rank`` / ``layer.world`` before setup; a layer keeps
+  the records whose index ≡ rank (mod world) and reads the full ``batch_size`` from them, in TRAIN
+  *and* TEST (caffe8 averages test results over all ranks, unlike Caffe);
+* a per-layer random generator ``self.rng`` seeded once from ``backend.rng()`` at setup (shuffle,
+  crop, mirror), so prefetching never interleaves with the main thread's random draws;
+* the prefetch thread (``engine.prefetch``) and the copy of each batch into the top Blobs (to the
+  GPU when the Blobs live there).
+"""
+import os
+
+import numpy
+
+from engine import backend
+from engine.errors import DataError
+from engine.layer import Layer
+from engine.prefetch import Prefetcher
+
+
+def shard(records, rank, world):
+    """The records of ``rank`` out of ``world``: indices ≡ rank (mod world), order kept."""
+    return records[rank::world]
+
+
+def resolve_listed_path(entry, list_file):
+    """A path read from a list file: absolute as is; relative first to the list file's folder,
+    then (Caffe's rule) to the working directory. Returns the first that exists, else the
+    list-relative one (so the error names a plausible path)."""
+    if os.path.isabs(entry):
+        return entry
+    beside = os.path.join(os.path.dirname(list_file), entry)
+    if os.path.exists(beside) or not os.path.exists(entry):
+        return beside
+    return entry
+
+
+def read_list_file(path, what):
+    """Non-blank lines of a list file as (line number, stripped text) pairs."""
+    if not os.path.isfile(path):
+        raise DataError(f"{what} '{path}' does not exist")
+    with open(path, encoding="utf-8") as f:
+        return [(n, line.strip()) for n, line in enumerate(f, 1) if line.strip()]
+
+
+class BaseDataLayer(Layer):
+    is_data = True
+    exact_num_bottom = 0
+    #: set by the Net before setup (SPEC §2.3)
+    rank = 0
+    world = 1
+    #: batches prepared ahead on the prefetch thread; 0 reads inline on the calling thread
+    prefetch = 4
+
+    # --- subclass hooks ------------------------------------------------------------------------
+    def data_setup(self, top):
+        raise NotImplementedError
+
+    def load_batch(self):
+        raise NotImplementedError
+
+    # --- Layer contract ------------------------------------------------------------------------
+    def layer_setup(self, bottom, top):
+        self.rank, self.world = int(self.rank), int(self.world)
+        if not (self.world >= 1 and 0 <= self.rank < self.world):
+            raise self.error(f"invalid shard rank {self.rank} of world {self.world}")
+        # one draw from the process generator, on the main thread, in layer order: reproducible
+        self.rng = numpy.random.default_rng(int(backend.rng().integers(1 << 63)))
+        self.top_shapes = [tuple(s) for s in self.data_setup(top)]
+        self._prefetcher = Prefetcher(self.load_batch, self.name, self.prefetch)
+
+    def reshape(self, bottom, top):
+        for blob, shape in zip(top, self.top_shapes):
+            blob.reshape(shape)
+
+    def forward(self, bottom, top):
+        batch = self._prefetcher.next()
+        for blob, host in zip(top, batch):
+            if blob.shape != host.shape:
+                blob.reshape(host.shape)
+            blob.data[...] = backend.to_device(host, like=blob.data)
+
+    def close(self):
+        """Stop the prefetch thread (and let subclasses release files)."""
+        if getattr(self, "_prefetcher", None) is not None:
+            self._prefetcher.close()
+
+    # --- helpers -------------------------------------------------------------------------------
+    def shard_or_fail(self, records, source):
+        """This rank's share of ``records``; an error when the share is empty."""
+        mine = shard(records, self.rank, self.world)
+        if not mine:
+            raise self.error(f"'{source}' has {len(records)} record(s): none for rank "
+                             f"{self.rank} of {self.world}")
+        return mine
+
+    def batch_size_of(self, param):
+        if param.batch_size <= 0:
+            raise self.error(f"batch_size must be positive, got {param.batch_size}")
+        return int(param.batch_size)

@@ -1,0 +1,113 @@
+"""HDF5Data: rows of HDF5 datasets named by the tops (Caffe's hdf5_data_layer.cpp), via h5py.
+
+``source`` is a text file listing .h5 files, one per line (relative paths are taken relative to
+the list file's folder, then to the working directory). Every top ``t`` reads dataset ``t`` of
+each file; within a file all those datasets have the same number of rows. Rows are numbered
+across the files in list order, and this rank keeps rows ≡ rank (mod world). Batches run on
+from one file into the next. With ``shuffle`` the file order is shuffled at every epoch and the
+rows of a file each time it is loaded (Caffe's scheme, which keeps one file in memory).
+As in Caffe, HDF5Data applies no transformation (a transform_param is rejected, not ignored).
+Top shapes: (batch_size, *dataset.shape[1:]).
+"""
+import h5py
+import numpy
+
+from engine.errors import DataError
+from engine.layer import register_layer
+from layers.base_data import BaseDataLayer, read_list_file, resolve_listed_path
+
+
+def _open_h5(path, listed_at):
+    try:
+        return h5py.File(path, "r")
+    except FileNotFoundError:
+        raise DataError(f"HDF5 file '{path}' (listed at {listed_at}) does not exist") from None
+    except OSError as e:
+        raise DataError(f"HDF5 file '{path}' (listed at {listed_at}) cannot be read: {e}") from None
+
+
+def _dataset(f, path, name):
+    if name not in f or not isinstance(f[name], h5py.Dataset):
+        raise DataError(f"HDF5 file '{path}' has no dataset '{name}' (datasets: "
+                        + ", ".join(sorted(k for k in f if isinstance(f[k], h5py.Dataset)))
+                        + ")")
+    return f[name]
+
+
+@register_layer("HDF5Data")
+class HDF5DataLayer(BaseDataLayer):
+    min_top = 1
+
+    def data_setup(self, top):
+        p = self.layer_param.hdf5_data_param
+        if self.layer_param.has("transform_param"):
+            raise self.error("HDF5Data does not transform data (as in Caffe); remove "
+                             f"transform_param at {self.layer_param.location('transform_param')}")
+        self.source = p.source
+        self.batch_size = self.batch_size_of(p)
+        self.shuffle = bool(p.shuffle)
+        self.names = list(self.layer_param.top)
+        listed = read_list_file(self.source, "HDF5 list file (source)")
+        if not listed:
+            raise DataError(f"HDF5 list file (source) '{self.source}' lists no files")
+        self.files, trailing, offset = [], None, 0
+        for line, entry in listed:
+            path = resolve_listed_path(entry, self.source)
+            rows, shapes = self._inspect(path, f"{self.source}:{line}")
+            if trailing is None:
+                trailing = shapes
+            elif shapes != trailing:
+                raise DataError(f"HDF5 file '{path}' has row shapes {shapes} for {self.names}, "
+                                f"but earlier files have {trailing}")
+            mine = [r for r in range(rows) if (offset + r) % self.world == self.rank]
+            if mine:
+                self.files.append((path, numpy.asarray(mine)))
+            offset += rows
+        if not self.files:
+            raise self.error(f"'{self.source}' has {offset} row(s): none for rank {self.rank} "
+                             f"of {self.world}")
+        self._start_epoch()
+        return [(self.batch_size,) + s for s in trailing]
+
+    def _inspect(self, path, listed_at):
+        """(row count, per-top row shapes) of one file, checking the datasets exist."""
+        with _open_h5(path, listed_at) as f:
+            sets = [_dataset(f, path, n) for n in self.names]
+            if any(d.ndim == 0 for d in sets):
+                raise DataError(f"HDF5 file '{path}': datasets {self.names} need at least one axis")
+            rows = {d.shape[0] for d in sets}
+            if len(rows) != 1:
+                raise DataError(f"HDF5 file '{path}': datasets {self.names} have different row "
+                                f"counts {[d.shape[0] for d in sets]}")
+            return rows.pop(), [tuple(d.shape[1:]) for d in sets]
+
+    def _start_epoch(self):
+        self.order = numpy.arange(len(self.files))
+        if self.shuffle:
+            self.rng.shuffle(self.order)
+        self.file_pos = 0
+        self._load_file()
+
+    def _load_file(self):
+        path, rows = self.files[self.order[self.file_pos]]
+        with _open_h5(path, self.source) as f:
+            self.current = [numpy.asarray(_dataset(f, path, n)[...])[rows] for n in self.names]
+        self.rows = numpy.arange(len(rows))
+        if self.shuffle:
+            self.rng.shuffle(self.rows)
+        self.row_pos = 0
+
+    def load_batch(self):
+        out = [numpy.empty(s, dtype=self.dtype) for s in self.top_shapes]
+        for i in range(self.batch_size):
+            r = self.rows[self.row_pos]
+            for dst, src in zip(out, self.current):
+                dst[i] = src[r]
+            self.row_pos += 1
+            if self.row_pos == len(self.rows):  # next file, or the next epoch
+                self.file_pos += 1
+                if self.file_pos == len(self.files):
+                    self._start_epoch()
+                else:
+                    self._load_file()
+        return tuple(out)
