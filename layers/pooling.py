@@ -31,7 +31,8 @@ def pooled_size(size, kernel, pad, stride, ceil_mode):
 
 def _pair(layer, p, name, default):
     """(h, w) of a scalar field or its ``_h``/``_w`` pair, with Caffe's either-or rule."""
-    h_name, w_name = name + "_h", name + "_w"
+    base = "kernel" if name == "kernel_size" else name
+    h_name, w_name = base + "_h", base + "_w"
     if p.has(h_name) or p.has(w_name):
         if p.has(name):
             raise layer.error(f"{name} is {name} OR {h_name} and {w_name}; not both")
