@@ -44,7 +44,8 @@ def validate(param):
         if not param.has(field):
             raise SolverError(f"{param.location('lr_policy')}: lr_policy '{policy}' needs "
                               f"'{field}' to be set")
-    if "gamma" in _REQUIRED[policy] and param.gamma < 0:
+    # Caffe CHECKs gamma >= 0 for the decaying policies; sigmoid may use a negative gamma (decay).
+    if policy in ("step", "exp", "inv", "multistep") and param.gamma < 0:
         raise _bad(param, "gamma", f"must be >= 0 for lr_policy '{policy}' (got {param.gamma:g})")
     if policy == "step" and param.stepsize <= 0:
         raise _bad(param, "stepsize", f"must be > 0 for lr_policy 'step' (got {param.stepsize})")

@@ -146,5 +146,6 @@ def test_valid_settings_pass_validation():
                  'lr_policy: "exp" gamma: 0.9', 'lr_policy: "inv" gamma: 0.1 power: 0.75',
                  'lr_policy: "multistep" gamma: 0.1 stepvalue: 3',
                  'lr_policy: "poly" power: 0.5 max_iter: 10',
-                 'lr_policy: "sigmoid" gamma: 0.1 stepsize: 3'):
+                 'lr_policy: "sigmoid" gamma: 0.1 stepsize: 3',
+                 'lr_policy: "sigmoid" gamma: -0.1 stepsize: 3'):
         lr_policy.validate(solver_param(text))
