@@ -1,0 +1,217 @@
+"""The seed's fp8 (E5M2, the upper byte of an IEEE half) on NumPy and CuPy arrays (SPEC 3.1, 4).
+
+    from comm import fp8
+    b = fp8.encode(x)                      # float array -> uint8 codes, same shape
+    y = fp8.decode(b)                      # uint8 codes -> float32
+    b = fp8.encode_ratio(grad, w, eps, s)  # fp8(grad / (|w| + eps) * s), one pass
+    g = fp8.decode_ratio(b, w, eps, 1/s)   # decode(b) * (1/s) * (|w| + eps), one pass
+
+Rounding: ``"nearest"`` rounds once, to nearest with ties to even at fp8 precision (subnormals
+included; identical to ml_dtypes' float32 -> float8_e5m2 cast below the overflow threshold);
+``"truncate"`` is the seed's conversion (CUDA's float -> half, nearest even, then keep the upper
+byte). Both saturate: |x| beyond 57344 and ±inf give ±57344, never inf — including values that
+float16 itself rounds to inf (|x| >= 65520) under ``"truncate"``. NaN gives a NaN code (0x7E).
+
+Implementations: NumPy arrays use the C kernels (comm.kernels) when they are built, else the
+vectorised bit manipulation below; CuPy arrays use one fused ElementwiseKernel per direction.
+float64 inputs go through the general exact encoder (comm.formats), since rounding them to
+float32 first could round twice.
+"""
+import numpy
+
+from comm import formats
+from engine import backend
+
+MAX = 57344.0
+MAX_CODE = 0x7B
+NAN_CODE = 0x7E
+_ROUNDINGS = ("nearest", "truncate")
+_DECODE_LUT = formats.FP8_E5M2.table(numpy)
+
+
+def _check_rounding(rounding):
+    if rounding not in _ROUNDINGS:
+        raise ValueError(f"comm.fp8: rounding must be one of {_ROUNDINGS}, got {rounding!r}")
+
+
+# --- NumPy --------------------------------------------------------------------------------------
+def encode_numpy(x, rounding="nearest"):
+    """NumPy float32 array -> uint8 fp8 codes, without the C kernels.
+
+    Works on the float32 bit pattern (the same steps as the C and CUDA kernels): normal results
+    round at bit 21 with the carry trick; below 2**-14 adding 128.0 puts fp8's subnormal quantum
+    2**-16 at float32's last place, so the FPU rounds to nearest even. (NumPy's own float16 cast
+    is slower than all of this and would round twice.)
+    """
+    _check_rounding(rounding)
+    x = numpy.ascontiguousarray(x, dtype=numpy.float32)
+    if rounding == "truncate":
+        return formats.FP8_E5M2.encode(x, "truncate")
+    u = x.view(numpy.uint32)
+    a = u & numpy.uint32(0x7FFFFFFF)
+    c = a >> 21
+    c &= 1
+    c += 0xFFFFF
+    c += a
+    c >>= 21
+    c -= 448                               # rebias 127 -> 15; wraps for tiny a, replaced next
+    small = a < 0x38800000
+    sub = a[small].view(numpy.float32) + numpy.float32(128.0)
+    sub = sub.view(numpy.uint32)
+    sub -= 0x43000000
+    c[small] = sub
+    numpy.minimum(c, MAX_CODE, out=c)      # saturate, inf included
+    c[a > 0x7F800000] = NAN_CODE
+    code = c.astype(numpy.uint8)
+    code |= (u >> 24).astype(numpy.uint8) & 0x80
+    return code
+
+
+def decode_numpy(b):
+    """NumPy uint8 fp8 codes -> float32 (256-entry table)."""
+    return _DECODE_LUT[numpy.asarray(b).view(numpy.uint8)]
+
+
+# --- CuPy kernels -------------------------------------------------------------------------------
+_CUDA_PREAMBLE = r"""
+__device__ __forceinline__ unsigned int c8_f2u(float f) { return __float_as_uint(f); }
+__device__ __forceinline__ float c8_u2f(unsigned int u) { return __uint_as_float(u); }
+
+// float -> fp8 (E5M2), nearest even at fp8 precision, saturating (see comm/csrc/kernels.c)
+__device__ __forceinline__ unsigned char c8_fp8_rne(float f) {
+    unsigned int u = c8_f2u(f), a = u & 0x7FFFFFFFu, c;
+    if (a > 0x7F800000u) c = 0x7Eu;
+    else if (a < 0x38800000u) c = c8_f2u(__fadd_rn(c8_u2f(a), 128.0f)) - 0x43000000u;
+    else {
+        a += 0xFFFFFu + ((a >> 21) & 1u);
+        c = (a >> 21) - 448u;
+        if (c > 0x7Bu) c = 0x7Bu;
+    }
+    return (unsigned char)(((u >> 24) & 0x80u) | c);
+}
+
+// float -> half bits, nearest even; |f| >= 65520 -> inf
+__device__ __forceinline__ unsigned int c8_half_rne(float f) {
+    unsigned int u = c8_f2u(f), a = u & 0x7FFFFFFFu, s = (u >> 16) & 0x8000u;
+    if (a > 0x7F800000u) return s | 0x7E00u | ((a >> 13) & 0x3FFu);
+    if (a >= 0x477FF000u) return s | 0x7C00u;
+    if (a < 0x38800000u) return s | (c8_f2u(__fadd_rn(c8_u2f(a), 0.5f)) - 0x3F000000u);
+    a += 0xFFFu + ((a >> 13) & 1u);
+    return s | ((a >> 13) - (112u << 10));
+}
+
+// the seed's conversion: half (nearest even), upper byte; half inf saturates
+__device__ __forceinline__ unsigned char c8_fp8_trunc(float f) {
+    unsigned int c = c8_half_rne(f) >> 8;
+    if ((c & 0x7Fu) == 0x7Cu) c -= 1u;
+    return (unsigned char)c;
+}
+
+__device__ __forceinline__ float c8_fp8_to_float(unsigned char b) {
+    unsigned int h = ((unsigned int)b) << 8, s = (h & 0x8000u) << 16;
+    unsigned int e = (h >> 10) & 0x1Fu, m = h & 0x3FFu;
+    if (e == 0x1Fu) return c8_u2f(s | 0x7F800000u | (m << 13));
+    if (e == 0u) { float v = (float)m * 5.9604644775390625e-8f; return s ? -v : v; }
+    return c8_u2f(s | ((e + 112u) << 23) | (m << 13));
+}
+"""
+
+_kernels = {}
+
+
+def _cuda_kernel(name):
+    """The named fused CuPy kernel, compiled on first use."""
+    if name not in _kernels:
+        ek = backend.cupy.ElementwiseKernel
+        specs = {
+            "encode_nearest": ("float32 x", "uint8 y", "y = c8_fp8_rne(x)"),
+            "encode_truncate": ("float32 x", "uint8 y", "y = c8_fp8_trunc(x)"),
+            "decode": ("uint8 b", "float32 y", "y = c8_fp8_to_float(b)"),
+            "encode_ratio_nearest": (
+                "float32 g, float32 w, float32 eps, float32 scale", "uint8 y",
+                "y = c8_fp8_rne(__fmul_rn(__fdiv_rn(g, __fadd_rn(fabsf(w), eps)), scale))"),
+            "encode_ratio_truncate": (
+                "float32 g, float32 w, float32 eps, float32 scale", "uint8 y",
+                "y = c8_fp8_trunc(__fmul_rn(__fdiv_rn(g, __fadd_rn(fabsf(w), eps)), scale))"),
+            "decode_ratio": (
+                "uint8 b, float32 w, float32 eps, float32 inv_scale", "float32 y",
+                "y = __fmul_rn(__fmul_rn(c8_fp8_to_float(b), inv_scale),"
+                " __fadd_rn(fabsf(w), eps))"),
+        }
+        inp, out, body = specs[name]
+        _kernels[name] = ek(inp, out, body, "caffe8_fp8_" + name, preamble=_CUDA_PREAMBLE)
+    return _kernels[name]
+
+
+def _is_gpu(xp):
+    return xp is not numpy and backend.gpu_available()
+
+
+# --- public API ---------------------------------------------------------------------------------
+def encode(x, rounding="nearest"):
+    """Float array (NumPy or CuPy) -> uint8 fp8 codes of the same shape; see the module doc."""
+    _check_rounding(rounding)
+    xp = backend.get_array_module(x)
+    x = xp.asarray(x)
+    if x.dtype == xp.float64:
+        return formats.FP8_E5M2.encode(x, rounding)
+    x = x.astype(xp.float32, copy=False)
+    if _is_gpu(xp):
+        return _cuda_kernel("encode_" + rounding)(x)
+    return _encode_host(x, rounding)
+
+
+def _encode_host(x32, rounding, scale=1.0):
+    from comm import kernels
+    flat = numpy.ascontiguousarray(x32).reshape(-1)
+    if kernels.current_path() == "numpy":
+        y = flat if scale == 1.0 else flat * numpy.float32(scale)
+        return encode_numpy(y, rounding).reshape(x32.shape)
+    out = numpy.empty(flat.shape, numpy.uint8)
+    kernels.encode_fp8(flat, out, scale=scale, rounding=rounding)
+    return out.reshape(x32.shape)
+
+
+def decode(b):
+    """uint8 fp8 codes (NumPy or CuPy) -> float32 of the same shape."""
+    xp = backend.get_array_module(b)
+    b = xp.asarray(b)
+    if b.dtype != xp.uint8:
+        raise TypeError(f"comm.fp8.decode: codes must be uint8, got {b.dtype}")
+    if _is_gpu(xp):
+        return _cuda_kernel("decode")(b)
+    return decode_numpy(b)
+
+
+def encode_ratio(grad, weight, eps, scale, rounding="nearest"):
+    """fp8 codes of ``grad / (|weight| + eps) * scale``, computed in float32 in that order.
+
+    grad, weight: float32 arrays of one shape (NumPy or CuPy); eps, scale: Python floats.
+    On CuPy this is one fused kernel (SPEC 4); on NumPy the same float32 operations.
+    """
+    _check_rounding(rounding)
+    xp = backend.get_array_module(grad, weight)
+    g = xp.asarray(grad, dtype=xp.float32)
+    w = xp.asarray(weight, dtype=xp.float32)
+    if g.shape != w.shape:
+        raise ValueError(f"comm.fp8.encode_ratio: grad shape {g.shape} != weight shape {w.shape}")
+    eps32, scale32 = numpy.float32(eps), numpy.float32(scale)
+    if _is_gpu(xp):
+        return _cuda_kernel("encode_ratio_" + rounding)(g, w, eps32, scale32)
+    ratio = g / (numpy.abs(w) + eps32)
+    ratio *= scale32
+    return _encode_host(ratio, rounding)
+
+
+def decode_ratio(b, weight, eps, inv_scale):
+    """``decode(b) * inv_scale * (|weight| + eps)`` in float32, left to right; shape of b."""
+    xp = backend.get_array_module(b, weight)
+    w = xp.asarray(weight, dtype=xp.float32)
+    if b.shape != w.shape:
+        raise ValueError(f"comm.fp8.decode_ratio: codes shape {b.shape} != weight shape {w.shape}")
+    eps32, inv32 = numpy.float32(eps), numpy.float32(inv_scale)
+    if _is_gpu(xp):
+        return _cuda_kernel("decode_ratio")(b, w, eps32, inv32)
+    y = decode(b) * inv32
+    y *= numpy.abs(w) + eps32
+    return y

@@ -1,0 +1,323 @@
+"""Host kernels for the fp8/half exchange: C (comm/csrc/kernels.c) through ctypes.
+
+ctypes releases the GIL for the length of each foreign call, so the communication thread's
+reductions run beside the compute thread. The library is looked up, in order:
+
+1. built next to this package at install time (setup.py's ``comm._kernels`` extension);
+2. the per-user cache (``$CAFFE8_CACHE_DIR``, else ``$XDG_CACHE_HOME/caffe8``, else
+   ``~/.cache/caffe8``), compiled there once from the source with the system ``cc`` — under a
+   file lock and published by an atomic rename, so MPI ranks starting together never load a
+   half-written file; the name carries a hash of the source, so an edited kernels.c rebuilds;
+3. none: the NumPy implementation below, with one warning.
+
+Paths (``paths()``, best first): ``"avx512"``, ``"avx2"`` (AVX2 + F16C), ``"portable"`` (C99),
+and always ``"numpy"``; ``use_path(name)`` forces one, e.g. to test each, or
+``CAFFE8_KERNEL_PATH=portable`` in the environment.
+
+All arrays are NumPy, C-contiguous; fp8 arrays are uint8 (any 1-byte dtype), half arrays uint16 or
+float16. Sums work in place on ``dst``: ``dst[i] = saturate(src[i] + dst[i])``, rounding to
+nearest even (fp8 saturates to ±57344, half to ±65504; finite inputs never give Inf/NaN).
+"""
+import ctypes
+import glob
+import hashlib
+import os
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import warnings
+
+import numpy
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+_SOURCE = os.path.join(_HERE, "csrc", "kernels.c")
+_ABI_VERSION = 1                       # must equal C8_ABI_VERSION in kernels.c
+_PATH_BITS = (("avx512", 4), ("avx2", 2), ("portable", 1))
+_CFLAGS = ["-O3", "-std=c99", "-fPIC", "-shared"]
+
+_lib = None
+_lib_file = None
+_available = []
+_current = None
+
+
+# --- finding or building the library ------------------------------------------------------------
+def _cache_dir():
+    base = os.environ.get("CAFFE8_CACHE_DIR")
+    if not base:
+        xdg = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+        base = os.path.join(xdg, "caffe8")
+    return base
+
+
+def _source_tag():
+    with open(_SOURCE, "rb") as f:
+        digest = hashlib.sha256(f.read() + " ".join(_CFLAGS).encode()).hexdigest()[:16]
+    return f"{sysconfig.get_platform()}-{digest}"
+
+
+def _load(path):
+    """CDLL of ``path`` when it is our library with the expected ABI, else None."""
+    try:
+        lib = ctypes.CDLL(path)
+        lib.c8_abi_version.restype = ctypes.c_int
+        if lib.c8_abi_version() == _ABI_VERSION:
+            return lib
+    except (OSError, AttributeError):
+        pass
+    return None
+
+
+def _compile_into_cache():
+    """Path of the cached build of kernels.c, compiling it once if needed; None on failure."""
+    if not os.path.exists(_SOURCE):
+        return None
+    cache = _cache_dir()
+    target = os.path.join(cache, f"_kernels-{_source_tag()}.so")
+    if os.path.exists(target):
+        return target
+    os.makedirs(cache, exist_ok=True)
+    with _FileLock(target + ".lock"):
+        if os.path.exists(target):                    # another rank built it while we waited
+            return target
+        fd, tmp = tempfile.mkstemp(suffix=".so", dir=cache)
+        os.close(fd)
+        cc = os.environ.get("CC", "cc")
+        try:
+            subprocess.run([cc, *_CFLAGS, _SOURCE, "-o", tmp], check=True,
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=120)
+            os.replace(tmp, target)                   # atomic: readers see all or nothing
+        except (OSError, subprocess.SubprocessError) as err:
+            detail = getattr(err, "stderr", b"") or b""
+            warnings.warn(f"comm.kernels: could not compile {_SOURCE} with {cc!r}: {err} "
+                          f"{detail.decode(errors='replace')[:500]}", RuntimeWarning)
+            return None
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+    return target
+
+
+class _FileLock:
+    """Exclusive advisory lock on a file (fcntl); a no-op where fcntl does not exist."""
+
+    def __init__(self, path):
+        self.path = path
+        self.fd = None
+
+    def __enter__(self):
+        try:
+            import fcntl
+        except ImportError:
+            return self
+        self.fd = os.open(self.path, os.O_CREAT | os.O_RDWR, 0o644)
+        fcntl.flock(self.fd, fcntl.LOCK_EX)
+        return self
+
+    def __exit__(self, *exc):
+        if self.fd is not None:
+            os.close(self.fd)                         # closing releases the lock
+
+
+def _find_library():
+    for path in sorted(glob.glob(os.path.join(_HERE, "_kernels*.so"))
+                       + glob.glob(os.path.join(_HERE, "_kernels*.pyd"))
+                       + glob.glob(os.path.join(_HERE, "_kernels*.dylib"))):
+        lib = _load(path)
+        if lib is not None:
+            return lib, path
+    path = _compile_into_cache()
+    if path is not None:
+        lib = _load(path)
+        if lib is not None:
+            return lib, path
+    return None, None
+
+
+def _declare(lib):
+    u8, f32 = ctypes.c_void_p, ctypes.c_void_p
+    for name, _ in _PATH_BITS:
+        for kind in ("fp8_sum", "half_sum"):
+            getattr(lib, f"c8_{kind}_{name}").argtypes = [u8, u8, ctypes.c_size_t]
+            getattr(lib, f"c8_{kind}_{name}").restype = None
+        enc = getattr(lib, f"c8_encode_{name}")
+        enc.argtypes = [f32, u8, ctypes.c_size_t, ctypes.c_float, ctypes.c_int]
+        enc.restype = None
+        dec = getattr(lib, f"c8_decode_{name}")
+        dec.argtypes = [u8, f32, ctypes.c_size_t, ctypes.c_float]
+        dec.restype = None
+    lib.c8_cpu_paths.restype = ctypes.c_int
+
+
+def _initialise():
+    global _lib, _lib_file, _available, _current
+    _lib, _lib_file = _find_library()
+    if _lib is None:
+        warnings.warn("comm.kernels: no C kernels (no built library and no working C compiler);"
+                      " using the NumPy fallback, which is several times slower", RuntimeWarning)
+        _available = ["numpy"]
+    else:
+        _declare(_lib)
+        bits = _lib.c8_cpu_paths()
+        _available = [name for name, bit in _PATH_BITS if bits & bit] + ["numpy"]
+    forced = os.environ.get("CAFFE8_KERNEL_PATH")
+    use_path(forced if forced else _available[0])
+
+
+# --- path selection -----------------------------------------------------------------------------
+def paths():
+    """Names of the usable implementations on this CPU, best first (``"numpy"`` always last)."""
+    return list(_available)
+
+
+def use_path(name):
+    """Force implementation ``name`` (one of ``paths()``) for all later calls."""
+    global _current
+    if name not in _available:
+        raise ValueError(f"comm.kernels: unknown or unsupported path {name!r}; "
+                         f"this CPU has {_available}")
+    _current = name
+
+
+def current_path():
+    """The implementation in use."""
+    return _current
+
+
+def library_file():
+    """File of the loaded C library, or None when running on the NumPy fallback."""
+    return _lib_file
+
+
+def _c_function(kind):
+    return getattr(_lib, f"c8_{kind}_{_current}")
+
+
+# --- argument checks ----------------------------------------------------------------------------
+def _check(a, itemsize, what, writeable=False):
+    if not isinstance(a, numpy.ndarray):
+        raise TypeError(f"comm.kernels: {what} must be a numpy array, got {type(a).__name__}")
+    if a.dtype.itemsize != itemsize or not a.flags.c_contiguous:
+        raise ValueError(f"comm.kernels: {what} must be C-contiguous with {itemsize}-byte "
+                         f"elements, got dtype {a.dtype} contiguous={a.flags.c_contiguous}")
+    if writeable and not a.flags.writeable:
+        raise ValueError(f"comm.kernels: {what} must be writeable")
+
+
+def _check_pair(src, dst, itemsize):
+    _check(src, itemsize, "src")
+    _check(dst, itemsize, "dst", writeable=True)
+    if src.size != dst.size:
+        raise ValueError(f"comm.kernels: src has {src.size} elements, dst {dst.size}")
+
+
+# --- sums (the MPI reduction ops) ---------------------------------------------------------------
+def fp8_sum(src, dst):
+    """``dst = sat(src + dst)`` elementwise on fp8 codes (uint8 arrays of equal size); returns dst."""
+    _check_pair(src, dst, 1)
+    fp8_sum_ptr(src.ctypes.data, dst.ctypes.data, src.size)
+    return dst
+
+
+def fp8_sum_ptr(src_addr, dst_addr, n):
+    """fp8 sum on raw addresses of ``n`` bytes (for an MPI user op's in/inout buffers)."""
+    if n <= 0:
+        return
+    if _current == "numpy":
+        src, dst = _from_address(src_addr, n, numpy.uint8), _from_address(dst_addr, n, numpy.uint8)
+        _numpy_fp8_sum(src, dst)
+    else:
+        _c_function("fp8_sum")(src_addr, dst_addr, n)
+
+
+def half_sum(src, dst):
+    """``dst = sat(src + dst)`` on halves (uint16 or float16 arrays of equal size); returns dst."""
+    _check_pair(src, dst, 2)
+    half_sum_ptr(src.ctypes.data, dst.ctypes.data, src.size)
+    return dst
+
+
+def half_sum_ptr(src_addr, dst_addr, n):
+    """Half sum on raw addresses of ``n`` 16-bit elements."""
+    if n <= 0:
+        return
+    if _current == "numpy":
+        src = _from_address(src_addr, n, numpy.float16)
+        dst = _from_address(dst_addr, n, numpy.float16)
+        _numpy_half_sum(src, dst)
+    else:
+        _c_function("half_sum")(src_addr, dst_addr, n)
+
+
+# --- conversions --------------------------------------------------------------------------------
+def encode_fp8(x_f32, out_u8, scale=1.0, rounding="nearest"):
+    """``out_u8 = fp8(float32(x_f32 * scale))``; rounding "nearest" or "truncate" (the seed's:
+    half, nearest even, keep the upper byte); saturating. Returns out_u8."""
+    if rounding not in ("nearest", "truncate"):
+        raise ValueError(f"comm.kernels.encode_fp8: rounding must be 'nearest' or 'truncate', "
+                         f"got {rounding!r}")
+    _check(x_f32, 4, "x_f32")
+    if x_f32.dtype != numpy.float32:
+        raise ValueError(f"comm.kernels.encode_fp8: x_f32 must be float32, got {x_f32.dtype}")
+    _check(out_u8, 1, "out_u8", writeable=True)
+    if x_f32.size != out_u8.size:
+        raise ValueError(f"comm.kernels.encode_fp8: x has {x_f32.size} elements, "
+                         f"out {out_u8.size}")
+    if x_f32.size == 0:
+        return out_u8
+    if _current == "numpy":
+        from comm import fp8
+        y = x_f32 if scale == 1.0 else x_f32 * numpy.float32(scale)
+        out_u8.reshape(-1).view(numpy.uint8)[:] = fp8.encode_numpy(y.reshape(-1), rounding)
+    else:
+        _c_function("encode")(x_f32.ctypes.data, out_u8.ctypes.data, x_f32.size,
+                              float(scale), int(rounding == "truncate"))
+    return out_u8
+
+
+def decode_fp8(b, out_f32, scale=1.0):
+    """``out_f32 = float32(fp8 value of b) * scale`` (scale applied in float32). Returns out_f32."""
+    _check(b, 1, "b")
+    _check(out_f32, 4, "out_f32", writeable=True)
+    if out_f32.dtype != numpy.float32:
+        raise ValueError(f"comm.kernels.decode_fp8: out_f32 must be float32, got {out_f32.dtype}")
+    if b.size != out_f32.size:
+        raise ValueError(f"comm.kernels.decode_fp8: b has {b.size} elements, out {out_f32.size}")
+    if b.size == 0:
+        return out_f32
+    if _current == "numpy":
+        from comm import fp8
+        v = fp8.decode_numpy(b.reshape(-1).view(numpy.uint8))
+        out_f32.reshape(-1)[:] = v if scale == 1.0 else v * numpy.float32(scale)
+    else:
+        _c_function("decode")(b.ctypes.data, out_f32.ctypes.data, b.size, float(scale))
+    return out_f32
+
+
+# --- NumPy fallback -----------------------------------------------------------------------------
+def _from_address(addr, n, dtype):
+    buf = (ctypes.c_char * (n * numpy.dtype(dtype).itemsize)).from_address(addr)
+    return numpy.frombuffer(buf, dtype=dtype)
+
+
+def _numpy_fp8_sum(src, dst):
+    from comm import fp8
+    with numpy.errstate(invalid="ignore"):                  # inf + -inf inputs: NaN, as in C
+        total = fp8.decode_numpy(src) + fp8.decode_numpy(dst)  # float32: kernels.c on rounding
+    dst[:] = fp8.encode_numpy(total, "nearest")
+
+
+def _numpy_half_sum(src, dst):
+    with numpy.errstate(over="ignore", invalid="ignore"):   # overflow saturates below
+        total = src.astype(numpy.float32) + dst.astype(numpy.float32)
+        s = total.astype(numpy.float16)
+    bits = s.view(numpy.uint16)
+    bits[(bits & 0x7FFF) == 0x7C00] -= 1                      # ±inf → ±65504
+    dst[:] = s
+
+
+_initialise()
+
+if __name__ == "__main__":  # pragma: no cover - `python -m comm.kernels` reports the setup
+    print(f"library: {_lib_file}\npaths: {paths()}\ncurrent: {current_path()}", file=sys.stdout)
