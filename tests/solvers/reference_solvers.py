@@ -7,6 +7,7 @@ import math
 
 import numpy
 
+from engine import backend
 from engine.blob import Blob
 
 SHAPES = [(3, 4), (4,), (2, 3), (2,)]
@@ -15,9 +16,10 @@ DECAY_MULT = [1.0, 0.0, 0.5, 2.0]
 
 
 def synthetic_gradient(w, k, pass_index, iteration):
-    """A smooth, weight-dependent gradient for param k (float64 in, float64 out)."""
-    w = numpy.asarray(w, dtype=numpy.float64)
-    return ((k + 1) * 0.7 * numpy.sin(w * (1.3 + k) + 0.5 * pass_index + 0.2 * iteration)
+    """A smooth, weight-dependent gradient for param k (float64 in, float64 out; numpy or cupy)."""
+    xp = backend.get_array_module(w)
+    w = xp.asarray(w, dtype=numpy.float64)
+    return ((k + 1) * 0.7 * xp.sin(w * (1.3 + k) + 0.5 * pass_index + 0.2 * iteration)
             + 0.3 * w + 0.1 * (pass_index + 1))
 
 
@@ -31,11 +33,11 @@ def initial_weights(seed=0):
 class FakeNet:
     """learnable_params / params_lr / params_weight_decay, with synthetic accumulated gradients."""
 
-    def __init__(self, weights, dtype):
+    def __init__(self, weights, dtype, xp=numpy):
         self.learnable_params = []
         for w in weights:
-            b = Blob(w.shape, dtype)
-            b.data[...] = w
+            b = Blob(w.shape, dtype, xp=xp)
+            b.data[...] = xp.asarray(w)
             self.learnable_params.append(b)
         self.params_lr = list(LR_MULT)
         self.params_weight_decay = list(DECAY_MULT)
@@ -49,7 +51,7 @@ class FakeNet:
                 b.diff += synthetic_gradient(b.data, k, pass_index, iteration).astype(b.dtype)
 
     def weights(self):
-        return [numpy.array(b.data, dtype=numpy.float64) for b in self.learnable_params]
+        return [backend.to_numpy(b.data).astype(numpy.float64) for b in self.learnable_params]
 
 
 def reference_rate(hp, it):

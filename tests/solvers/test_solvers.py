@@ -8,6 +8,7 @@ import numpy
 import pytest
 
 import solvers
+from engine import backend
 from engine.errors import SolverError
 from engine.prototxt import parse_text
 from reference_solvers import FakeNet, initial_weights, reference_rate, reference_run
@@ -159,6 +160,19 @@ def test_float32_runs_are_deterministic():
         runs.append(run_solver(solver, net, 4)[-1])
     for a, b in zip(*runs):
         assert numpy.array_equal(a, b)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("solver_type", SOLVER_TYPES)
+def test_cupy_matches_numpy(solver_type):
+    hp = hyperparameters(solver_type, numpy.float32, "L1")
+    results = []
+    for xp in (numpy, backend.cupy):
+        net = FakeNet(initial_weights(), numpy.float32, xp=xp)
+        solver = make_solver(solver_type, hp, net)
+        results.append(run_solver(solver, net, N_ITERS))
+        assert all(backend.get_array_module(h) is xp for h in solver.history)
+    assert_trajectories_close(results[1], results[0], 1e-5, 1e-6)
 
 
 @pytest.mark.parametrize("solver_type", SOLVER_TYPES)
