@@ -20,6 +20,8 @@ Two ways to use it:
 * Net-level, from a script: measure per-layer times once on a GPU (``caffe8 time``), then
   ``net_param = emulate_layer_times(net_param, {"fc6": (3.1, 6.4), ...})`` returns a copy of the
   parsed NetParameter with such a layer inserted after every named layer; build the Net from it.
+  (A sleeping Net backward hook would do the same, but only if registered before the exchange's
+  hook; a layer in the graph cannot end up on the wrong side of it.)
 """
 import time
 

@@ -26,7 +26,8 @@ equal); they are kept so that the layout matches PyTorch and cuDNN. Parameter co
 Initial state: without ``cont``, h_{−1} = 0 at every forward. With ``cont``, h_{−1} is h_{T−1} of the
 previous forward (Caffe copies h_T into h_0 before each forward), so a stream can continue across
 batches with cont = 1 at t = 0; backpropagation is truncated at the batch boundary, as in Caffe.
-``cont`` takes no gradient (Caffe: "Cannot backpropagate to sequence indicators").
+``cont`` takes no gradient (Caffe: "Cannot backpropagate to sequence indicators"). Caffe's optional
+static input (a third bottom) and ``expose_hidden`` are not supported and are refused at setup.
 
 Cost: the input projection of all timesteps is one GEMM (T·N×D by D×3H), the recurrence one GEMM
 per step (N×H by H×3H), and backward the same mirrored; the weight gradients are one GEMM each

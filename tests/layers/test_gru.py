@@ -178,3 +178,14 @@ def test_cupy_matches_numpy():
     numpy.testing.assert_allclose(cp.asnumpy(g_bottom[0].diff), bottom[0].diff, rtol=1e-9, atol=1e-12)
     for gp, p in zip(gpu.blobs, layer.blobs):
         numpy.testing.assert_allclose(cp.asnumpy(gp.diff), p.diff, rtol=1e-9, atol=1e-12)
+
+
+def test_new_batch_size_starts_from_zero_state():
+    rng = numpy.random.default_rng(8)
+    layer = make_layer()
+    run_forward(layer, [blob_of(rng.standard_normal((3, 2, 2))), blob_of(numpy.ones((3, 2)))])
+    x = rng.standard_normal((3, 4, 2))
+    bottom, top = [blob_of(x), blob_of(numpy.ones((3, 4)))], [Blob((0,), numpy.float64)]
+    layer.reshape(bottom, top)
+    layer.forward(bottom, top)
+    numpy.testing.assert_allclose(top[0].data, naive_gru(x, None, *params(layer)), rtol=1e-12)
