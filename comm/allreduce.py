@@ -1,0 +1,213 @@
+"""Allreduce algorithms over a wire buffer: flat, rsag, hierarchical, ring (SPEC §3.4).
+
+Every algorithm sums a 1-D numpy wire buffer in place across the processes of its communicator
+with a :class:`comm.ops.WireOp`. The buffer length must be a multiple of ``wire.unit * P``
+(``comm.ops.padded_length``). Every rank ends with bit-identical results: in the explicit
+schedules each element is summed on exactly one rank, in ascending rank order, and then copied
+to the others (allgather), so no rank ever adds the same numbers in another order.
+
+``stages`` says how many addends the sum has before and after the optional ``between(piece)``
+callback, which the hierarchical sum runs on each intra-node partial sum before the inter-node
+sum: the fp8 codec divides by the number of nodes there (SPEC §3.3). Single-stage algorithms
+report ``(P, 1)`` and never call it.
+
+Registry: ``create_allreduce(name, comm, processes_per_node=0)``; names in ``ALGORITHMS``.
+"""
+import numpy
+
+from comm.mpi import node_comms
+
+ALGORITHMS = {}
+
+
+def register_allreduce(name):
+    def wrap(cls):
+        if name in ALGORITHMS:
+            raise ValueError(f"allreduce algorithm {name!r} registered twice")
+        ALGORITHMS[name] = cls
+        cls.name = name
+        return cls
+    return wrap
+
+
+def create_allreduce(name, comm, processes_per_node=0):
+    """Instantiate the algorithm ``name`` on ``comm`` (an mpi4py intracommunicator)."""
+    if name not in ALGORITHMS:
+        raise ValueError(f"Unrecognized allreduce algorithm: {name!r}, valid: "
+                         + ", ".join(sorted(ALGORITHMS)))
+    return ALGORITHMS[name](comm, processes_per_node)
+
+
+class _Scratch:
+    """A reusable receive buffer: fresh 64 MB allocations cost page faults on every call."""
+
+    def __init__(self):
+        self._buf = numpy.empty(0, numpy.uint8)
+
+    def get(self, n, dtype):
+        nbytes = n * numpy.dtype(dtype).itemsize
+        if self._buf.size < nbytes:
+            self._buf = numpy.empty(nbytes, numpy.uint8)
+        return self._buf[:nbytes].view(dtype)
+
+
+def reduce_scatter_ordered(comm, buf, wire, scratch):
+    """Sum of ``buf`` over ``comm``, block ``comm.rank`` only (1/n of buf): a reduce-scatter.
+
+    Alltoall hands rank j the j-th block of every rank; rank j then adds the n blocks itself in
+    ascending source rank, ((x0 + x1) + x2) + ..., so the order is fixed and known (the test's
+    NumPy simulation repeats it) instead of whatever MPICH's reduce-scatter picks.
+    Returns a view into scratch memory, valid until the next call with the same scratch.
+    """
+    n = comm.Get_size()
+    if n == 1:
+        return buf
+    recv = scratch.get(buf.size, wire.dtype)
+    items = wire.items(buf.size) // n
+    comm.Alltoall([buf, items, wire.datatype], [recv, items, wire.datatype])
+    blocks = recv.reshape(n, -1)
+    acc = blocks[0]
+    for j in range(1, n):
+        wire.local_sum(blocks[j], acc)
+    return acc
+
+
+def allgather_into(comm, piece, buf, wire):
+    """Every rank's ``piece`` concatenated in rank order into ``buf``."""
+    if comm.Get_size() == 1:
+        if piece is not buf:
+            buf[...] = piece
+        return
+    items = wire.items(piece.size)
+    comm.Allgather([piece, items, wire.datatype], [buf, items, wire.datatype])
+
+
+class Allreduce:
+    """Base of the algorithms; each defines ``sum(buf, wire, between=None)`` (in place, returns
+    ``buf``)."""
+    name = None
+
+    def __init__(self, comm, processes_per_node=0):
+        self.comm = comm
+        self.size = comm.Get_size()
+        self.rank = comm.Get_rank()
+
+    @property
+    def stages(self):
+        """(addends before ``between``, addends after): their product is P."""
+        return (self.size, 1)
+
+    @property
+    def parts(self):
+        """Buffer lengths must be multiples of ``wire.unit * parts``."""
+        return self.size
+
+    def free(self):
+        """Release any communicators the algorithm created."""
+
+
+@register_allreduce("flat")
+class FlatAllreduce(Allreduce):
+    """One MPI_Allreduce with the wire op (MPICH chooses the schedule; the seed's ablation).
+
+    For user-defined ops MPICH uses recursive doubling, applying the op to the whole vector at
+    every step; every pairwise step is commutative-exact, so ranks still agree bit for bit.
+    """
+
+    def sum(self, buf, wire, between=None):
+        if self.size > 1:
+            self.comm.Allreduce(self._in_place(), wire.spec(buf), wire.op)
+        return buf
+
+    @staticmethod
+    def _in_place():
+        from comm.mpi import mpi_module
+        return mpi_module().IN_PLACE
+
+
+@register_allreduce("rsag")
+class ReduceScatterAllgather(Allreduce):
+    """Explicit reduce-scatter (Alltoall + ordered local sum) then Allgather over all P ranks.
+
+    Each rank adds only 1/P of the vector, P-1 times, instead of the whole vector log2(P) times.
+    """
+
+    def __init__(self, comm, processes_per_node=0):
+        super().__init__(comm, processes_per_node)
+        self._scratch = _Scratch()
+
+    def sum(self, buf, wire, between=None):
+        piece = reduce_scatter_ordered(self.comm, buf, wire, self._scratch)
+        allgather_into(self.comm, piece, buf, wire)
+        return buf
+
+
+@register_allreduce("hierarchical")
+class HierarchicalAllreduce(Allreduce):
+    """SPEC §3.4 / the seed's Algorithm 1, lines 16-23.
+
+    1. intra-node reduce-scatter: local rank l owns piece l (1/P') and adds the P' pieces of
+       its node in local-rank order;
+    2. ``between(piece)`` (fp8: divide by the number of nodes);
+    3. inter-node reduce-scatter of that piece among the ranks with local index l (node order),
+       then inter-node allgather, so each element is summed once, on one rank;
+    4. intra-node allgather.
+    """
+
+    def __init__(self, comm, processes_per_node=0):
+        super().__init__(comm, processes_per_node)
+        self.intra, self.inter = node_comms(comm, processes_per_node)
+        self.local_size = self.intra.Get_size()
+        self.nodes = self.inter.Get_size()
+        self._scratch_intra = _Scratch()
+        self._scratch_inter = _Scratch()
+
+    @property
+    def stages(self):
+        return (self.local_size, self.nodes)
+
+    def sum(self, buf, wire, between=None):
+        piece = reduce_scatter_ordered(self.intra, buf, wire, self._scratch_intra)
+        if self.nodes > 1:
+            if between is not None:
+                between(piece)
+            sub = reduce_scatter_ordered(self.inter, piece, wire, self._scratch_inter)
+            allgather_into(self.inter, sub, piece, wire)
+        allgather_into(self.intra, piece, buf, wire)
+        return buf
+
+    def free(self):
+        for c in (self.intra, self.inter):
+            c.Free()
+
+
+@register_allreduce("ring")
+class RingAllreduce(Allreduce):
+    """Seed 002's ring: P-1 scatter-reduce steps then P-1 allgather steps over Sendrecv.
+
+    Chunk c starts at rank c and travels right, each rank adding its own chunk into what it
+    received, so chunk c is summed in the order c, c+1, ..., c-1 (mod P) and ends on rank c-1,
+    from where the allgather ring copies it to everyone. Works for any wire op.
+    """
+
+    def __init__(self, comm, processes_per_node=0):
+        super().__init__(comm, processes_per_node)
+        self._scratch = _Scratch()
+
+    def sum(self, buf, wire, between=None):
+        p, r = self.size, self.rank
+        if p == 1:
+            return buf
+        chunks = buf.reshape(p, -1)
+        right, left = (r + 1) % p, (r - 1) % p
+        recv = self._scratch.get(chunks.shape[1], wire.dtype)
+        for s in range(p - 1):
+            send_c, recv_c = (r - s) % p, (r - s - 1) % p
+            self.comm.Sendrecv(wire.spec(chunks[send_c]), right, 17,
+                               wire.spec(recv), left, 17)
+            wire.local_sum(recv, chunks[recv_c])
+        for s in range(p - 1):
+            send_c, recv_c = (r + 1 - s) % p, (r - s) % p
+            self.comm.Sendrecv(wire.spec(chunks[send_c]), right, 18,
+                               wire.spec(chunks[recv_c]), left, 18)
+        return buf

@@ -1,0 +1,180 @@
+"""Gradient codecs: how a float32 gradient becomes a wire buffer and back (SPEC §3.2-3.3, §3.7).
+
+A codec is separate from the algorithm that moves the bytes (comm/allreduce.py), in the manner of
+Horovod's compressors: ``compress(grad, plan) -> (wire, ctx)`` and ``decompress(wire, ctx, out)``,
+plus ``between_stages(piece, ctx)`` for the hierarchical sum's step between the intra-node and
+the inter-node sums. Every codec returns the MEAN gradient over all P processes.
+
+``plan`` (:class:`TensorPlan`) says what the algorithm will do with the wire buffer: the number
+of addends in each stage (P', P/P' for the hierarchical sum; P, 1 for single-stage algorithms),
+the padding granularity, the communicator (for the fp8 scale's MAX-allreduce), the iteration,
+the tensor's key and its weights W (for the ratio D = grad / (|W| + eps)).
+
+Registry: ``create_codec(name, **options)``; names in ``CODECS``.
+"""
+from dataclasses import dataclass
+
+import numpy
+
+from engine import backend
+from comm.ops import pad, padded_length, wire_op
+from comm.quantile import QuantileTracker
+
+FP8_MAX = 57344.0
+CODECS = {}
+
+
+def register_codec(name):
+    def wrap(cls):
+        if name in CODECS:
+            raise ValueError(f"codec {name!r} registered twice")
+        CODECS[name] = cls
+        cls.name = name
+        return cls
+    return wrap
+
+
+def create_codec(name, **options):
+    """Instantiate codec ``name`` with its options (e.g. ``relative=True`` for fp8)."""
+    if name not in CODECS:
+        raise ValueError(f"Unrecognized codec: {name!r}, valid: " + ", ".join(sorted(CODECS)))
+    return CODECS[name](**options)
+
+
+@dataclass
+class TensorPlan:
+    """What the exchange knows about one tensor's trip (see the module docstring)."""
+    stages: tuple          # (addends before between_stages, addends after); product = P
+    parts: int             # wire length must be a multiple of wire.unit * parts
+    comm: object = None    # communicator of the whole job (None: single process)
+    key: object = None     # stable id of the tensor (e.g. its slice bounds)
+    weight: object = None  # W (same shape as grad) for relative codecs
+    iteration: int = 0
+
+    @property
+    def processes(self):
+        return self.stages[0] * self.stages[1]
+
+
+def _host_float32(x):
+    return numpy.ascontiguousarray(backend.to_numpy(x).ravel(), dtype=numpy.float32)
+
+
+def _write_back(out, values):
+    """Copy host ``values`` (flat) into ``out`` (numpy or cupy, any shape) in place."""
+    out[...] = backend.to_device(values.reshape(out.shape), like=out)
+
+
+class Codec:
+    """Base: ``wire`` names the comm.ops wire format; ``preferred_algorithm`` the default
+    transport when the solver does not name one (None: decided by ``comm.hierarchical``)."""
+    wire_name = None
+    preferred_algorithm = None
+
+    @property
+    def wire(self):
+        return wire_op(self.wire_name)
+
+    def _padded(self, host_wire, plan):
+        return pad(host_wire, padded_length(host_wire.size, self.wire.unit, plan.parts))
+
+    between_stages = None  # only codecs whose stages need rescaling define it
+
+
+@register_codec("fp32")
+class Float32Codec(Codec):
+    """float32 with MPI_SUM; the mean is taken after the sum (the Caffe/MPI baseline)."""
+    wire_name = "fp32"
+    preferred_algorithm = "flat"
+
+    def __init__(self, **_):
+        pass
+
+    def compress(self, grad, plan):
+        host = _host_float32(grad)
+        return self._padded(host.copy(), plan), (grad.size, plan.processes)
+
+    def decompress(self, wire, ctx, out):
+        n, p = ctx
+        _write_back(out, wire[:n] / numpy.float32(p))
+
+
+@register_codec("fp16")
+class HalfCodec(Codec):
+    """float16 with the half user op; divides by P before casting down, as PyTorch's fp16 hook
+    does, so the sum cannot overflow where the mean does not."""
+    wire_name = "fp16"
+
+    def __init__(self, **_):
+        pass
+
+    def compress(self, grad, plan):
+        host = _host_float32(grad) / numpy.float32(plan.processes)
+        return self._padded(host.astype(numpy.float16).view(numpy.uint16), plan), grad.size
+
+    def decompress(self, wire, ctx, out):
+        _write_back(out, wire[:ctx].view(numpy.float16).astype(numpy.float32))
+
+
+@dataclass
+class _Fp8Context:
+    n: int
+    q: float
+    nodes: int
+    weight: object
+
+
+@register_codec("fp8")
+class Fp8Codec(Codec):
+    """The seed's method: fp8 (E5M2) of D x 57344 / q / P', /(P/P') between the stages,
+    x q / 57344 after; D = grad / (|W| + eps) when ``relative`` else grad.
+
+    Conversions are comm.kernels' ``encode_fp8``/``decode_fp8`` (float32 multiply by the scale,
+    then fp8 with ``rounding`` "nearest" | "truncate", saturating: never Inf). q comes from a
+    :class:`QuantileTracker`.
+    """
+    wire_name = "fp8"
+
+    def __init__(self, relative=True, epsilon=1e-5, rounding="nearest", quantile=0.95,
+                 quantile_interval=100, samples=1024, seed=0, rank=0, shared_seed=True, **_):
+        if rounding not in ("nearest", "truncate"):
+            raise ValueError(f"comm.rounding: {rounding!r}, valid: nearest, truncate")
+        self.relative, self.epsilon, self.rounding = relative, epsilon, rounding
+        self.tracker = QuantileTracker(quantile, quantile_interval, samples, seed, rank,
+                                       shared_seed)
+
+    def ratio(self, grad, weight):
+        """D = grad / (|W| + eps) (elementwise, on grad's device), or grad when not relative."""
+        if not self.relative:
+            return grad
+        xp = backend.get_array_module(grad)
+        return grad / (xp.abs(weight) + xp.float32(self.epsilon))
+
+    def compress(self, grad, plan):
+        from comm import kernels
+        d = self.ratio(grad, plan.weight)
+        key = plan.key
+        if self.tracker.due(key, plan.iteration):
+            self.tracker.update(key, d, plan.comm)
+        q = self.tracker.get(key)
+        # float32(D * scale) then fp8, fused in the kernel; scale is rounded to float32 once.
+        scale = float(numpy.float32(FP8_MAX / q / plan.stages[0]))
+        host = _host_float32(d)
+        wire = numpy.zeros(padded_length(host.size, self.wire.unit, plan.parts), numpy.uint8)
+        kernels.encode_fp8(host, wire[:host.size], scale, self.rounding)
+        return wire, _Fp8Context(grad.size, q, plan.stages[1], plan.weight)
+
+    def between_stages(self, piece, ctx):
+        """Multiply an intra-node partial sum by float32(1 / nodes), in place (fp8 -> fp8)."""
+        from comm import kernels
+        values = kernels.decode_fp8(piece, numpy.empty(piece.size, numpy.float32))
+        kernels.encode_fp8(values, piece, float(numpy.float32(1.0 / ctx.nodes)), self.rounding)
+
+    def decompress(self, wire, ctx, out):
+        from comm import kernels
+        d = kernels.decode_fp8(wire[:ctx.n], numpy.empty(ctx.n, numpy.float32),
+                               float(numpy.float32(ctx.q / FP8_MAX)))
+        if self.relative:
+            w = _host_float32(ctx.weight)
+            d *= numpy.abs(w) + numpy.float32(self.epsilon)
+        _write_back(out, d)

@@ -1,0 +1,189 @@
+"""Lazy MPI initialisation, the world object, node communicators and whole-job abort.
+
+Nothing here imports ``mpi4py.MPI`` at module import time: the engine's single-process path must
+work with no MPI installed, and the settings below only take effect if they are in place *before*
+``MPI_Init_thread`` runs, which is when ``mpi4py.MPI`` is first imported.
+
+Settings applied by :func:`init` (each only when the user's environment does not set it already,
+so ``VAR=... mpiexec ...`` always wins; docs/MPI.md has the measurements behind each choice):
+
+``mpi4py.rc.thread_level = "serialized"`` (unless ``MPI4PY_RC_THREAD_LEVEL`` is set)
+    mpi4py asks for MPI_THREAD_MULTIPLE by default, and MPICH then takes a global lock on every
+    call and gives up its shared-memory ("release/gather") collective path. caffe8 lets exactly
+    one thread (the communication thread, or the main thread when synchronous) call MPI at a
+    time, which is SERIALIZED.
+
+``MPIR_CVAR_DEVICE_COLLECTIVES=percoll``
+    Lets the CH4 device (POSIX shared memory) override the generic collective algorithms per
+    collective, which is how the intra-node Alltoall/Allgather of the hierarchical sum get the
+    shared-memory path; "percoll" with its per-collective defaults (all on) is the documented
+    way to keep that choice explicit and overridable one collective at a time.
+
+``MPIR_CVAR_POSIX_POLL_FREQUENCY=50``
+    A rank waiting in a collective spins on shared memory and yields the core only every
+    1000 polls by default. With more ranks than cores (tests run 6 ranks on 2 cores) the spinning
+    rank starves the one it waits for; yielding after 50 polls keeps oversubscribed runs fast
+    and costs nothing measurable at one rank per core.
+
+``MPIR_CVAR_CH4_IPC_CMA_P2P_THRESHOLD=65536``
+    Large intra-node messages go through a single-copy (cross-memory attach) protocol above this
+    size instead of two copies through shared-memory cells; 64 KiB keeps the small per-layer
+    messages on the low-latency cell path and every large gradient on the single-copy path.
+
+Not set on purpose: ``MPIR_CVAR_ALLREDUCE_INTRA_ALGORITHM``. For MPI_SUM on float32 MPICH's
+automatic choice was as fast as forcing ``reduce_scatter_allgather`` (measured, docs/MPI.md),
+and for *user-defined* ops MPICH ignores the setting (it falls back to recursive doubling, which
+applies the op to the whole vector at every step), which is why comm/allreduce.py schedules
+reduce-scatter + allgather itself. The benchmark still tries both for the float32 baseline.
+"""
+import os
+import sys
+import traceback
+
+from engine.errors import CaffeError
+
+# Variable name -> value; applied with os.environ.setdefault (the user's setting wins).
+MPICH_SETTINGS = {
+    "MPIR_CVAR_DEVICE_COLLECTIVES": "percoll",
+    "MPIR_CVAR_POSIX_POLL_FREQUENCY": "50",
+    "MPIR_CVAR_CH4_IPC_CMA_P2P_THRESHOLD": "65536",
+}
+THREAD_LEVEL = "serialized"
+
+_world = None
+
+
+class MPIUnavailable(CaffeError):
+    """MPI was needed (e.g. more than one process requested) but mpi4py cannot be imported."""
+
+
+def apply_settings():
+    """Put the MPICH variables and the mpi4py thread level in place; returns what was set.
+
+    Must run before ``mpi4py.MPI`` is imported; afterwards it has no effect on MPI (and says so
+    by returning an empty dict).
+    """
+    if "mpi4py.MPI" in sys.modules:
+        return {}
+    applied = {}
+    for name, value in MPICH_SETTINGS.items():
+        if name not in os.environ:
+            os.environ[name] = value
+            applied[name] = value
+    import mpi4py
+    if "MPI4PY_RC_THREAD_LEVEL" not in os.environ:
+        mpi4py.rc.thread_level = THREAD_LEVEL
+        applied["mpi4py.rc.thread_level"] = THREAD_LEVEL
+    return applied
+
+
+def mpi_module():
+    """``mpi4py.MPI`` after :func:`apply_settings`, or None when mpi4py is not installed."""
+    try:
+        import mpi4py  # noqa: F401
+    except ImportError:
+        return None
+    apply_settings()
+    from mpi4py import MPI
+    return MPI
+
+
+class World:
+    """The job: ``rank``, ``size``, ``comm`` (an mpi4py communicator, or None when single)."""
+
+    def __init__(self, comm=None):
+        self.comm = comm
+        self.rank = comm.Get_rank() if comm is not None else 0
+        self.size = comm.Get_size() if comm is not None else 1
+
+    @property
+    def is_mpi(self):
+        return self.comm is not None
+
+    def barrier(self):
+        if self.comm is not None:
+            self.comm.Barrier()
+
+    def abort(self, code=1):
+        """End every rank of the job (MPI_Abort), or this process when single."""
+        if self.comm is not None:
+            self.comm.Abort(code)
+        os._exit(code)
+
+    def __repr__(self):
+        return f"World(rank={self.rank}, size={self.size}, mpi={self.is_mpi})"
+
+
+def get_world():
+    """The process-wide :class:`World`; a trivial one-process world when mpi4py is absent."""
+    global _world
+    if _world is None:
+        MPI = mpi_module()
+        _world = World(MPI.COMM_WORLD if MPI is not None else None)
+    return _world
+
+
+def thread_level_name():
+    """The thread level MPI actually provided ("single" ... "multiple"), or None without MPI."""
+    MPI = mpi_module()
+    if MPI is None or not MPI.Is_initialized():
+        return None
+    names = {MPI.THREAD_SINGLE: "single", MPI.THREAD_FUNNELED: "funneled",
+             MPI.THREAD_SERIALIZED: "serialized", MPI.THREAD_MULTIPLE: "multiple"}
+    return names[MPI.Query_thread()]
+
+
+def node_comms(comm, processes_per_node=0):
+    """(intra, inter) communicators of the hierarchical sum (SPEC §3.4).
+
+    ``intra`` holds the processes of one node, ordered by world rank; ``inter`` holds the
+    processes with the same local index across nodes, ordered by node. ``processes_per_node``
+    0 asks MPI which processes share memory (``Split_type(COMM_TYPE_SHARED)``); N > 0 emulates
+    nodes of N consecutive ranks (node = rank // N), so several nodes fit on one machine.
+    Every node must hold the same number of processes, else the sum's 1/P' pieces would not
+    line up; that raises a CaffeError on every rank (the check is collective-free or agreed).
+    """
+    MPI = mpi_module()
+    rank, size = comm.Get_rank(), comm.Get_size()
+    if processes_per_node < 0:
+        raise CaffeError(f"comm.processes_per_node: must be >= 0, got {processes_per_node}")
+    if processes_per_node == 0:
+        intra = comm.Split_type(MPI.COMM_TYPE_SHARED, key=rank)
+    else:
+        if size % processes_per_node != 0:
+            raise CaffeError(
+                f"comm.processes_per_node: {size} processes do not divide evenly into nodes of "
+                f"{processes_per_node}")
+        intra = comm.Split(rank // processes_per_node, rank)
+    local_sizes = comm.allgather(intra.Get_size())
+    if len(set(local_sizes)) != 1:
+        intra.Free()
+        raise CaffeError(
+            f"comm.processes_per_node: nodes hold different numbers of processes {local_sizes}; "
+            "set processes_per_node to emulate equal nodes")
+    node = comm.allgather(rank if intra.Get_rank() == 0 else -1)
+    node_id = sorted(r for r in node if r >= 0).index(intra.bcast(rank, root=0))
+    inter = comm.Split(intra.Get_rank(), node_id)
+    return intra, inter
+
+
+def install_excepthook(world=None):
+    """Make an uncaught exception on any rank end the whole job with exit status 1.
+
+    Without it one rank dies while the others wait forever in the next collective. The hook
+    prints the traceback (prefixed with the rank), flushes, then calls ``comm.Abort(1)``;
+    threads get the same treatment through ``threading.excepthook``.
+    """
+    import threading
+    world = world or get_world()
+
+    def _abort(exc_type, exc, tb):
+        sys.stderr.write(f"[rank {world.rank}] uncaught {exc_type.__name__}; aborting the job\n")
+        traceback.print_exception(exc_type, exc, tb, file=sys.stderr)
+        sys.stderr.flush()
+        sys.stdout.flush()
+        world.abort(1)
+
+    sys.excepthook = _abort
+    threading.excepthook = lambda args: _abort(args.exc_type, args.exc_value, args.exc_traceback)
+    return _abort

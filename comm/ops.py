@@ -1,0 +1,144 @@
+"""MPI datatypes and reduction ops for the wire formats (SPEC §3.5), and padding helpers.
+
+MPI has no 8-bit float, so fp8 travels as a 16-byte contiguous datatype (16 fp8 values, the
+seed's 128-bit vector) reduced by a commutative user op; half travels the same way (8 values per
+16-byte item) with its own op. float32 uses MPI_FLOAT and the built-in MPI_SUM.
+
+A :class:`WireOp` bundles everything an allreduce algorithm needs to move and add one format:
+the numpy dtype of the wire buffer, how many elements make one MPI item, the MPI datatype and
+op, and ``local_sum(src, dst)`` -- the same arithmetic as the MPI op, for the sums that the
+algorithms do themselves in a fixed order (comm/allreduce.py).
+
+The user-op callbacks turn MPI's buffers into numpy views (no copy) and call the C kernels of
+``comm.kernels`` (``fp8_sum(src, dst)``/``half_sum(src, dst)``: dst = sat(src + dst), in place,
+GIL released).
+"""
+from dataclasses import dataclass
+
+import numpy
+
+from comm.mpi import mpi_module
+
+ITEM_BYTES = 16  # one MPI item: 128 bits, as in the seed's AVX kernels
+
+
+@dataclass(frozen=True)
+class WireOp:
+    """How one wire format is summed. ``unit`` elements of ``dtype`` make one MPI item."""
+    name: str
+    dtype: numpy.dtype
+    unit: int
+    datatype: object      # mpi4py Datatype of one item (None when MPI is absent)
+    op: object            # mpi4py Op (None when MPI is absent)
+    local_sum: object     # fn(src, dst): dst <- src + dst, same rounding as ``op``
+
+    def items(self, n):
+        """Number of MPI items in ``n`` wire elements (n must be a multiple of ``unit``)."""
+        if n % self.unit:
+            raise ValueError(f"{self.name}: {n} elements is not a multiple of {self.unit}")
+        return n // self.unit
+
+    def spec(self, buf):
+        """mpi4py buffer spec ``[buf, items, datatype]`` for a whole contiguous wire array."""
+        return [buf, self.items(buf.size), self.datatype]
+
+
+def fp8_local_sum(src, dst):
+    """dst <- sat(src + dst) on uint8 fp8 arrays (C kernel)."""
+    from comm import kernels
+    kernels.fp8_sum(src, dst)
+
+
+def half_local_sum(src, dst):
+    """dst <- src + dst on uint16 views of float16 arrays (C kernel)."""
+    from comm import kernels
+    kernels.half_sum(src, dst)
+
+
+def float_local_sum(src, dst):
+    """dst <- src + dst in float32 (what MPI_SUM does on MPI_FLOAT)."""
+    numpy.add(src, dst, out=dst)
+
+
+def _fp8_op_function(inbuf, inoutbuf, datatype):
+    # Views over MPI's buffers: the op must not copy, it runs on every received chunk.
+    fp8_local_sum(numpy.frombuffer(inbuf, dtype=numpy.uint8),
+                  numpy.frombuffer(inoutbuf, dtype=numpy.uint8))
+
+
+def _half_op_function(inbuf, inoutbuf, datatype):
+    half_local_sum(numpy.frombuffer(inbuf, dtype=numpy.uint16),
+                   numpy.frombuffer(inoutbuf, dtype=numpy.uint16))
+
+
+_cache = {}
+
+
+def item_datatype():
+    """The committed 16-byte contiguous datatype (MPI.BYTE x 16) shared by fp8 and half."""
+    if "item" not in _cache:
+        MPI = mpi_module()
+        _cache["item"] = MPI.BYTE.Create_contiguous(ITEM_BYTES).Commit() if MPI else None
+    return _cache["item"]
+
+
+def _user_op(name, function):
+    key = "op:" + name
+    if key not in _cache:
+        MPI = mpi_module()
+        _cache[key] = MPI.Op.Create(function, commute=True) if MPI else None
+    return _cache[key]
+
+
+def fp8_sum_op():
+    """FP8_SUM: commutative user op over :func:`item_datatype` (16 fp8 values per item)."""
+    return _user_op("fp8", _fp8_op_function)
+
+
+def half_sum_op():
+    """HALF_SUM: commutative user op over :func:`item_datatype` (8 float16 values per item)."""
+    return _user_op("half", _half_op_function)
+
+
+def wire_op(name):
+    """The :class:`WireOp` for "fp8", "fp16" or "fp32" (MPI objects created on first use)."""
+    key = "wire:" + name
+    if key in _cache:
+        return _cache[key]
+    MPI = mpi_module()
+    if name == "fp8":
+        w = WireOp("fp8", numpy.dtype(numpy.uint8), ITEM_BYTES, item_datatype(), fp8_sum_op(),
+                   fp8_local_sum)
+    elif name == "fp16":
+        w = WireOp("fp16", numpy.dtype(numpy.uint16), ITEM_BYTES // 2, item_datatype(),
+                   half_sum_op(), half_local_sum)
+    elif name == "fp32":
+        w = WireOp("fp32", numpy.dtype(numpy.float32), 1, MPI.FLOAT if MPI else None,
+                   MPI.SUM if MPI else None, float_local_sum)
+    else:
+        raise ValueError(f"Unrecognized wire format: {name!r}, valid: fp8, fp16, fp32")
+    _cache[key] = w
+    return w
+
+
+def padded_length(n, unit, parts):
+    """Smallest multiple of ``unit * parts`` that is >= n (0 stays 0).
+
+    ``parts`` is the number of pieces the algorithm splits a vector into (P for the explicit
+    schedules, since the hierarchical sum splits by P' inside the node and by P/P' across
+    nodes), so every piece is a whole number of MPI items.
+    """
+    step = unit * parts
+    return -(-n // step) * step
+
+
+def pad(wire, length):
+    """``wire`` (1-D) zero-padded to ``length`` elements; the same array when already that long.
+
+    Zero is +0 in fp8, half and float32, so the padding adds nothing to any sum.
+    """
+    if wire.size == length:
+        return wire
+    out = numpy.zeros(length, dtype=wire.dtype)
+    out[:wire.size] = wire
+    return out

@@ -1,0 +1,79 @@
+"""Range adjustment of the fp8 codec (SPEC §3.3, the seed's section 3.2.2).
+
+Every ``interval`` iterations each rank estimates q_l, the Q-quantile of |D_l|, from at most R
+random samples of the tensor, and the ranks agree on the maximum (MAX-allreduce), so every rank
+scales by the same 57344/q_l and the fp8 sums line up.
+"""
+import numpy
+
+from engine import backend
+
+
+def sample_quantile(abs_values, quantile, samples, rng):
+    """Q-quantile (linear interpolation) of at most ``samples`` random entries of a 1-D array.
+
+    ``abs_values``: |D| (numpy or cupy, any float dtype); tensors with <= ``samples`` entries
+    use every entry. Index draws come from ``rng`` (a numpy Generator) with replacement, which
+    is what makes the estimate reproducible from the seed. Returns a Python float.
+    """
+    n = abs_values.size
+    if n == 0:
+        return 0.0
+    xp = backend.get_array_module(abs_values)
+    if n > samples:
+        idx = rng.integers(0, n, size=samples)
+        abs_values = abs_values[xp.asarray(idx)] if xp is not numpy else abs_values[idx]
+    return float(xp.quantile(abs_values.astype(xp.float64), quantile))
+
+
+def agree_max(comm, value):
+    """The maximum of ``value`` over ``comm`` (identical on every rank); ``value`` when no MPI.
+
+    A non-finite local estimate (a NaN/Inf gradient, which the trainer's nonfinite policy deals
+    with) is entered as 0 so it cannot poison the other ranks' scale.
+    """
+    value = float(value) if numpy.isfinite(value) else 0.0
+    if comm is None or comm.Get_size() == 1:
+        return value
+    from comm.mpi import mpi_module
+    MPI = mpi_module()
+    buf = numpy.array([value], numpy.float64)
+    comm.Allreduce(MPI.IN_PLACE, buf, MPI.MAX)
+    return float(buf[0])
+
+
+class QuantileTracker:
+    """Per-tensor q_l, refreshed every ``interval`` iterations.
+
+    ``shared_seed`` True draws the same sample positions on every rank (generator seeded with
+    ``seed``); False gives each rank its own positions (seeded with (seed, rank)), which samples
+    more of the tensor across the job. Either way the MAX-allreduce makes the ranks agree.
+    """
+
+    def __init__(self, quantile=0.95, interval=100, samples=1024, seed=0, rank=0,
+                 shared_seed=True):
+        if not 0.0 < quantile <= 1.0:
+            raise ValueError(f"comm.quantile: must be in (0, 1], got {quantile}")
+        if interval < 1 or samples < 1:
+            raise ValueError(f"comm.quantile_interval and comm.samples must be >= 1, got "
+                             f"{interval} and {samples}")
+        self.quantile, self.interval, self.samples = quantile, interval, samples
+        entropy = [seed] if shared_seed else [seed, rank]
+        self.rng = numpy.random.default_rng(entropy)
+        self.values = {}
+
+    def due(self, key, iteration):
+        """True when ``key`` has no q yet or ``iteration`` is a multiple of the interval."""
+        return key not in self.values or iteration % self.interval == 0
+
+    def update(self, key, d, comm):
+        """Estimate q for tensor ``key`` from ``d`` (D, not |D|), agree on the max, store it."""
+        xp = backend.get_array_module(d)
+        local = sample_quantile(xp.abs(d.ravel()), self.quantile, self.samples, self.rng)
+        q = agree_max(comm, local)
+        # An all-zero tensor gives q = 0; any positive scale then encodes it exactly (as 0).
+        self.values[key] = q if q > 0.0 else 1.0
+        return self.values[key]
+
+    def get(self, key):
+        return self.values[key]

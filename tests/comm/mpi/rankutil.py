@@ -1,0 +1,65 @@
+"""Shared pieces of the rank programs: start-up and the independent ml_dtypes fp8 reference.
+
+The reference does fp8 arithmetic the way the spec defines it -- widen to float32, add, round to
+nearest even at 8 bits (ml_dtypes.float8_e5m2), saturate to +-57344 instead of Inf -- with no
+code from comm/.
+"""
+import os
+import sys
+
+import ml_dtypes
+import numpy
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(HERE)))
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
+E5M2 = ml_dtypes.float8_e5m2
+
+
+def start():
+    """World of this job with the abort hook installed (a failed assert ends every rank)."""
+    from comm.mpi import get_world, install_excepthook
+    world = get_world()
+    install_excepthook(world)
+    return world
+
+
+def saturate(codes):
+    """ml_dtypes overflows to +-Inf (0x7C/0xFC); the spec saturates to +-57344 (0x7B/0xFB)."""
+    codes = codes.copy()
+    codes[(codes & 0x7F) == 0x7C] -= 1
+    return codes
+
+
+def to_fp8(x):
+    """float32 -> fp8 codes, round to nearest even, saturating."""
+    return saturate(numpy.asarray(x, numpy.float32).astype(E5M2).view(numpy.uint8))
+
+
+def from_fp8(codes):
+    return codes.view(E5M2).astype(numpy.float32)
+
+
+def fp8_add(a, b):
+    """Reference of one application of the FP8_SUM op."""
+    return to_fp8(from_fp8(a) + from_fp8(b))
+
+
+def random_fp8(rng, n):
+    """fp8 codes of float32 values spread over the format's range, some near saturation."""
+    x = rng.standard_normal(n).astype(numpy.float32) * numpy.float32(2.0) ** rng.integers(
+        -14, 16, n).astype(numpy.float32)
+    return to_fp8(x)
+
+
+def ranks_agree(world, array):
+    """True on every rank when all ranks hold the same bytes."""
+    return len(set(world.comm.allgather(array.tobytes()))) == 1
+
+
+def done(world, name):
+    world.comm.Barrier()
+    if world.rank == 0:
+        print(f"{name}: OK", flush=True)
