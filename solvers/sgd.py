@@ -117,9 +117,8 @@ class SGDSolver:
 
     def clip_gradients(self):
         """Scale all diffs by clip/norm when their global L2 norm exceeds ``clip_gradients``."""
-        clip = self.param.clip_gradients
         params = self.net.learnable_params
-        if clip < 0 or not params:
+        if self.param.clip_gradients < 0 or not params:
             return
         dt = self.rate_dtype.type
         sumsq = None
@@ -128,7 +127,7 @@ class SGDSolver:
             sq = xp.multiply(p.diff, p.diff, out=self.scratch(i, 0)).sum()
             sumsq = sq if sumsq is None else sumsq + sq  # stays on the device until here
         norm = numpy.sqrt(dt(sumsq))
-        clip = dt(clip)
+        clip = self.hyper("clip_gradients", dt)
         if norm > clip:
             scale = clip / norm
             self.log(f"Gradient clipping: scaling down gradients (L2 norm {format_g(norm)} > "
