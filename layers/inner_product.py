@@ -49,10 +49,10 @@ class InnerProductLayer(Layer):
         x = self._x2d(bottom[0].data)
         w = self.blobs[0].data
         xp = backend.get_array_module(x)
-        y = top[0].data.reshape(-1, self.num_output)
-        xp.matmul(x, w if self.transpose else w.T, out=y)
+        y = xp.matmul(x, w if self.transpose else w.T)
         if len(self.blobs) > 1:
             y += self.blobs[1].data
+        top[0].data[...] = y.reshape(top[0].shape)
 
     def backward(self, top, propagate_down, bottom):
         dy = top[0].diff.reshape(-1, self.num_output)

@@ -162,11 +162,12 @@ class PoolingLayer(Layer):
         buf = self._buffer(x, -numpy.inf)  # padding and overhang can never win a strict '>'
         best = xp.full(x.shape[:2] + self.out, -FLT_MAX, dtype=x.dtype)
         choice = xp.full(best.shape, -1, dtype=numpy.int32)
+        better = xp.empty(best.shape, dtype=bool)
         for o, (i, j) in enumerate(self._offsets()):
             v = buf[self._window(i, j)]
-            better = v > best  # strict: the first maximum in row-major order wins ties
-            best = xp.where(better, v, best)
-            choice = xp.where(better, numpy.int32(o), choice)
+            xp.greater(v, best, out=better)  # strict: the first maximum in row-major order wins ties
+            xp.maximum(best, v, out=best)  # same values as a masked copy, but vectorised
+            xp.copyto(choice, numpy.int32(o), where=better)
         self.choice = choice
         top[0].data[...] = best
         if len(top) == 2:
