@@ -91,3 +91,12 @@ def random_uniform(shape, dtype, module=None):
     if module is numpy:
         return _rng.random(shape, dtype=numpy.float64).astype(dtype, copy=False)
     return module.random.random_sample(shape, dtype=dtype)
+
+
+def rng_state():
+    """JSON-able state of the host generator (saved in solver snapshots for exact resume)."""
+    return _rng.bit_generator.state
+
+
+def set_rng_state(state):
+    _rng.bit_generator.state = state

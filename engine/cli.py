@@ -1,0 +1,195 @@
+"""``caffe8`` command line: train | test | time | inspect | bench, like Caffe's ``caffe`` tool.
+
+Run under ``mpiexec -n P`` for data-parallel training; without mpiexec (or with one process)
+caffe8 never imports mpi4py, so the single-process path works with no MPI installed.
+"""
+import argparse
+import os
+import sys
+
+from engine.errors import CaffeError
+
+_MPI_SIZE_VARS = ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MPI_LOCALNRANKS", "PMIX_SIZE")
+
+
+def launched_by_mpiexec():
+    """True when a process manager started several ranks (so MPI must be initialised)."""
+    for var in _MPI_SIZE_VARS:
+        try:
+            if int(os.environ.get(var, "1")) > 1:
+                return True
+        except ValueError:
+            pass
+    return False
+
+
+def make_world():
+    """The MPI world under mpiexec, else a single-process world (no mpi4py import)."""
+    if not launched_by_mpiexec():
+        from engine.trainer import SingleProcessWorld
+        return SingleProcessWorld()
+    from comm.mpi import get_world, install_excepthook
+    world = get_world()
+    install_excepthook(world)
+    return world
+
+
+def select_device(gpu, solver_mode, device_id, world, log):
+    """One GPU per process: ``--gpu N`` (or solver_mode GPU) → device N + local rank."""
+    from engine import backend
+    want = gpu is not None or solver_mode == "GPU"
+    if not want:
+        return
+    if not backend.gpu_available():
+        if gpu is not None:
+            raise CaffeError(f"--gpu {gpu} given but no CUDA GPU / CuPy is available")
+        log("solver_mode is GPU but no CUDA GPU / CuPy is available; running on the CPU")
+        return
+    base = int(gpu) if gpu is not None else device_id
+    local = getattr(world, "local_rank", 0)
+    count = backend.cupy.cuda.runtime.getDeviceCount()
+    backend.use_gpu((base + local) % count)
+
+
+def _logger(args, world):
+    from engine.glog import GLog
+    return GLog(getattr(args, "log", None), enabled=(world.rank == 0))
+
+
+def cmd_train(args):
+    from engine.trainer import Trainer
+    from engine.prototxt import parse_file
+    world = make_world()
+    log = _logger(args, world)
+    sp = parse_file(args.solver, "SolverParameter")
+    select_device(args.gpu, sp.solver_mode, sp.device_id, world, log)
+    if args.snapshot and args.weights:
+        raise CaffeError("give either --snapshot or --weights, not both")
+    factory = None
+    if world.size > 1:
+        from comm.exchange import GradientExchange
+        factory = GradientExchange
+    timing = None
+    if args.timing_log:
+        from engine.timing import TimingLog
+        timing = TimingLog(args.timing_log, world.rank)
+    _prepare_bundled_data(args.solver, log)
+    trainer = Trainer(args.solver, world=world, log=log, exchange_factory=factory, timing=timing)
+    if timing is not None:
+        timing.attach(trainer)
+    log("Starting Optimization")
+    progress = _progress_bar(world, trainer)
+    try:
+        trainer.solve(resume_file=args.snapshot, weights=args.weights, progress=progress)
+    finally:
+        if progress is not None:
+            progress.close()
+        if timing is not None:
+            timing.close()
+    log("Optimization Done.")
+    log.close()
+    return 0
+
+
+def _progress_bar(world, trainer):
+    """A tqdm bar on rank 0 beside the log, only when stdout is a terminal."""
+    if world.rank != 0 or not sys.stdout.isatty():
+        return None
+    from tqdm import tqdm
+    return tqdm(total=trainer.param.max_iter, initial=trainer.iter, unit="iter", file=sys.stdout,
+                dynamic_ncols=True, leave=False)
+
+
+def _prepare_bundled_data(solver_path, log):
+    """The digits demo prepares its data on first use (no download: scikit-learn ships it)."""
+    if os.path.basename(os.path.dirname(os.path.abspath(solver_path))) == "digits":
+        from engine.datasets import ensure_digits
+        ensure_digits(log=log)
+
+
+def cmd_test(args):
+    from engine.tester import run_test
+    world = make_world()
+    log = _logger(args, world)
+    select_device(args.gpu, None, 0, world, log)
+    run_test(args.model, args.weights, args.iterations, world, log)
+    return 0
+
+
+def cmd_time(args):
+    from engine.tester import run_time
+    world = make_world()
+    log = _logger(args, world)
+    select_device(args.gpu, None, 0, world, log)
+    run_time(args.model, args.iterations, log, phase=args.phase)
+    return 0
+
+
+def cmd_inspect(args):
+    from engine.inspect_cmd import inspect_main
+    return inspect_main([args.model, "--phase", args.phase])
+
+
+def cmd_bench(args):
+    from comm.bench import bench_main
+    return bench_main(args.rest)
+
+
+def build_parser():
+    ap = argparse.ArgumentParser(prog="caffe8", description=__doc__.splitlines()[0])
+    sub = ap.add_subparsers(dest="command", required=True)
+    t = sub.add_parser("train", help="train a net from a solver prototxt")
+    t.add_argument("--solver", required=True)
+    t.add_argument("--snapshot", help="resume from a .solverstate.h5")
+    t.add_argument("--weights", help="initialise from .caffemodel.h5 file(s), comma separated")
+    t.add_argument("--log", help="also write the glog-format log to this file")
+    t.add_argument("--timing-log", help="per-layer timing, JSON lines (one record per iteration per rank)")
+    t.add_argument("--gpu", help="GPU id (one GPU per process: id + local rank)")
+    t.set_defaults(fn=cmd_train)
+    s = sub.add_parser("test", help="score a model")
+    s.add_argument("--model", required=True)
+    s.add_argument("--weights", required=True)
+    s.add_argument("--iterations", type=int, default=50)
+    s.add_argument("--log")
+    s.add_argument("--gpu")
+    s.set_defaults(fn=cmd_test)
+    m = sub.add_parser("time", help="per-layer forward/backward timing")
+    m.add_argument("--model", required=True)
+    m.add_argument("--iterations", type=int, default=50)
+    m.add_argument("--phase", default="TRAIN", choices=["TRAIN", "TEST"])
+    m.add_argument("--log")
+    m.add_argument("--gpu")
+    m.set_defaults(fn=cmd_time)
+    i = sub.add_parser("inspect", help="print layers, shapes and the parameter count")
+    i.add_argument("model")
+    i.add_argument("--phase", default="TRAIN", choices=["TRAIN", "TEST"])
+    i.set_defaults(fn=cmd_inspect)
+    b = sub.add_parser("bench", help="allreduce micro-benchmark (run under mpiexec)")
+    b.add_argument("rest", nargs=argparse.REMAINDER)
+    b.set_defaults(fn=cmd_bench)
+    return ap
+
+
+def main(argv=None):
+    args = build_parser().parse_args(argv)
+    try:
+        return args.fn(args)
+    except CaffeError as e:
+        print(f"caffe8: error: {e}", file=sys.stderr, flush=True)
+        _abort_if_mpi(1)
+        return 1
+    except KeyboardInterrupt:
+        _abort_if_mpi(130)
+        return 130
+
+
+def _abort_if_mpi(code):
+    """Under MPI, one rank's error must end the whole job (never a hang in a collective)."""
+    if launched_by_mpiexec() and "mpi4py.MPI" in sys.modules:
+        from mpi4py import MPI
+        if MPI.Is_initialized() and not MPI.Is_finalized():
+            MPI.COMM_WORLD.Abort(code)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,65 @@
+"""Caffe's glog line format, so Caffe's log tools (tools/extra/parse_log.py) read our logs.
+
+Line: ``<L><MMDD> <HH:MM:SS.uuuuuu> <thread id, width 5> <file>:<line>] <message>``.
+Numbers are formatted like C++ ostream defaults (6 significant digits, ``%g``).
+Only rank 0 writes INFO lines; warnings and errors are written by every rank.
+"""
+import datetime
+import os
+import sys
+import threading
+
+
+def fmt(x):
+    """A float as C++'s ``ostream << float`` prints it (6 significant digits)."""
+    return "%g" % x
+
+
+class GLog:
+    """Writes glog-format lines to stderr and optionally a file.
+
+    ``enabled=False`` (non-root ranks) drops INFO lines but keeps warnings and errors.
+    Messages must not contain blank lines: parse_log.py crashes on an empty line.
+    """
+
+    def __init__(self, path=None, enabled=True, stream=None):
+        self.enabled = enabled
+        self.stream = stream if stream is not None else sys.stderr
+        self.file = open(path, "a", encoding="utf-8") if (path and enabled) else None
+        self._lock = threading.Lock()
+        self._pid = os.getpid()
+        self.listeners = []
+
+    def _write(self, level, message, depth):
+        frame = sys._getframe(depth)  # cheap, unlike inspect.stack(), which reads source files
+        now = datetime.datetime.now()
+        where = f"{os.path.basename(frame.f_code.co_filename)}:{frame.f_lineno}"
+        prefix = f"{level}{now:%m%d} {now:%H:%M:%S}.{now.microsecond:06d} {self._pid % 100000:>5d} {where}] "
+        lines = [prefix + part for part in str(message).split("\n") if part.strip()]
+        text = "\n".join(lines) + "\n"
+        with self._lock:
+            self.stream.write(text)
+            self.stream.flush()
+            if self.file:
+                self.file.write(text)
+                self.file.flush()
+        for fn in self.listeners:
+            fn(level, message)
+
+    def info(self, message, _depth=2):
+        if self.enabled:
+            self._write("I", message, _depth)
+
+    def warning(self, message, _depth=2):
+        self._write("W", message, _depth)
+
+    def error(self, message, _depth=2):
+        self._write("E", message, _depth)
+
+    def __call__(self, message):
+        self.info(message, _depth=3)
+
+    def close(self):
+        if self.file:
+            self.file.close()
+            self.file = None

@@ -1,0 +1,61 @@
+"""Snapshots in Caffe's HDF5 layout, written atomically (temporary file, then rename).
+
+Model: ``<prefix>_iter_N.caffemodel.h5`` (``/data/<layer>/<i>``, written by ``Net.to_hdf5``).
+Solver state: ``<prefix>_iter_N.solverstate.h5`` with ``iter``, ``learned_net``,
+``current_step`` and ``history/<i>`` as Caffe writes them, plus caffe8's ``caffe8/`` group holding
+what Caffe does not save but an exact resume needs (random generator state, data cursors).
+"""
+import json
+import os
+
+import h5py
+import numpy
+
+from engine import backend
+from engine.errors import CaffeError
+
+
+def atomic_write(path, write):
+    """Call ``write(tmp_path)`` then rename onto ``path``, so a crash never leaves a torn file."""
+    path = str(path)
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, exist_ok=True)
+    tmp = os.path.join(directory, f".{os.path.basename(path)}.tmp{os.getpid()}")
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+
+
+def save_solverstate(path, state, learned_net, extra=None):
+    """Write ``state`` (``iter``, ``current_step``, ``history``) in Caffe's HDF5 layout."""
+    def write(tmp):
+        with h5py.File(tmp, "w") as f:
+            f.create_dataset("iter", data=numpy.array([state["iter"]], dtype=numpy.int32))
+            f.create_dataset("learned_net", data=numpy.bytes_(learned_net))
+            f.create_dataset("current_step", data=numpy.array([state["current_step"]], dtype=numpy.int32))
+            hist = f.create_group("history")
+            for i, h in enumerate(state["history"]):
+                hist.create_dataset(str(i), data=backend.to_numpy(h))
+            if extra:
+                f.create_dataset("caffe8/extra", data=numpy.bytes_(json.dumps(extra)))
+    atomic_write(path, write)
+
+
+def load_solverstate(path):
+    """Read a solverstate file written by ``save_solverstate`` (or by Caffe)."""
+    try:
+        with h5py.File(path, "r") as f:
+            n = len(f["history"])
+            state = {
+                "iter": int(f["iter"][0]),
+                "current_step": int(f["current_step"][0]) if "current_step" in f else 0,
+                "history": [numpy.array(f["history"][str(i)]) for i in range(n)],
+                "learned_net": f["learned_net"][()].decode() if "learned_net" in f else "",
+            }
+            extra = json.loads(f["caffe8/extra"][()].decode()) if "caffe8/extra" in f else {}
+    except (OSError, KeyError) as e:
+        raise CaffeError(f"{path}: cannot read solver state: {e}") from None
+    return state, extra

@@ -1,0 +1,104 @@
+"""Per-layer timing log: one JSON record per iteration per rank (``--timing-log F.jsonl``).
+
+Times come from per-layer hooks: the Net calls a hook right after each layer's forward and
+backward, so a layer's time is the interval since the previous hook. On the GPU the marks are
+CUDA events (device time, not host clocks); on the CPU they are ``perf_counter`` readings.
+The exchange reports its own per-layer phases (encode, D2H, communication, H2D, decode,
+quantile) through ``exchange.timings``. The record layout is documented in
+docs/timing_schema.json and summarised as the seed's figure 5/6 split:
+ForwardBackward, D2H, Communication, H2D, Quantile, Other (seconds).
+"""
+import json
+import time
+
+from engine import backend
+
+PHASES = ("encode", "d2h", "comm", "h2d", "decode", "quantile")
+
+
+class _Clock:
+    """Marks that can be differenced: CUDA events on the GPU, host seconds on the CPU."""
+
+    def __init__(self):
+        self.gpu = backend.on_gpu()
+
+    def mark(self):
+        if self.gpu:
+            ev = backend.cupy.cuda.Event()
+            ev.record()
+            return ev
+        return time.perf_counter()
+
+    def seconds(self, a, b):
+        if self.gpu:
+            b.synchronize()
+            return backend.cupy.cuda.get_elapsed_time(a, b) / 1000.0
+        return b - a
+
+
+class TimingLog:
+    """Collects per-layer times through Net hooks and writes JSON lines."""
+
+    def __init__(self, path, rank=0):
+        self.path = path
+        self.rank = rank
+        self.file = open(path, "w", encoding="utf-8")
+        self.clock = None
+        self.marks = []          # (kind, layer index, mark) in call order
+        self.net = None
+        self.exchange = None
+
+    def attach(self, trainer):
+        """Hook into the trainer's train net (and its exchange, when there is one)."""
+        self.net = trainer.net
+        self.exchange = trainer.exchange
+        self.clock = _Clock()
+        self.net.add_forward_hook(lambda i, layer: self.marks.append(("f", i, self.clock.mark())))
+        self.net.add_backward_hook(lambda i, layer: self.marks.append(("b", i, self.clock.mark())))
+        trainer.timing = self
+
+    def begin_iteration(self):
+        self.marks = [("start", -1, self.clock.mark())]
+
+    def _layer_times(self):
+        fwd, bwd = {}, {}
+        for (_, _, prev), (kind, i, cur) in zip(self.marks, self.marks[1:]):
+            if kind == "start":
+                continue
+            target = fwd if kind == "f" else bwd
+            target[i] = target.get(i, 0.0) + self.clock.seconds(prev, cur)
+        return fwd, bwd
+
+    def end_iteration(self, iteration, wall_seconds, wait_seconds=0.0):
+        """Write the record of the iteration that just finished (``iteration`` = its number)."""
+        if self.clock is None or len(self.marks) < 2:
+            return
+        fwd, bwd = self._layer_times()
+        ex = getattr(self.exchange, "timings", None) or {}
+        layers = []
+        for i, layer in enumerate(self.net.layers):
+            rec = {"name": layer.name, "type": layer.type,
+                   "forward": fwd.get(i, 0.0), "backward": bwd.get(i, 0.0)}
+            rec.update({ph: ex.get(i, {}).get(ph, 0.0) for ph in PHASES})
+            layers.append(rec)
+        fb = sum(fwd.values()) + sum(bwd.values())
+        total = {ph: sum(r[ph] for r in layers) for ph in PHASES}
+        interval = max(1, getattr(self.exchange, "quantile_interval", 1) or 1)
+        # Seed figures 5-6: the quantile pass runs every N iterations, so it is charged 1/N.
+        quantile = getattr(self.exchange, "last_quantile_seconds", total["quantile"]) / interval
+        split = {"ForwardBackward": fb, "D2H": total["d2h"],
+                 "Communication": total["comm"] + total["encode"] + total["decode"],
+                 "H2D": total["h2d"], "Quantile": quantile}
+        if getattr(self.exchange, "asynchronous", False):
+            # Overlapped: only the time the compute thread waited after backward is exposed.
+            split["Communication"] = wait_seconds
+        split["Other"] = max(0.0, wall_seconds - sum(split.values()))
+        record = {"iteration": iteration, "rank": self.rank, "wall": wall_seconds,
+                  "split": split, "layers": layers}
+        self.file.write(json.dumps(record) + "\n")
+        self.file.flush()
+
+    def close(self):
+        if self.file:
+            self.file.close()
+            self.file = None

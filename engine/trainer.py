@@ -1,0 +1,315 @@
+"""The training loop: Caffe's Solver::Solve / Step / Test / Snapshot, data parallel over MPI.
+
+Order per iteration (as Caffe): clear diffs → test if due → forward/backward ``iter_size`` times
+→ smoothed loss → display → gradients ready (the exchange averages gradients over all ranks) →
+ApplyUpdate → snapshot if due. Only rank 0 logs and writes snapshots; test results are averaged
+over all ranks (each rank tests its own share of the test data).
+"""
+import os
+import time
+
+import numpy
+
+from engine import backend
+from engine.errors import CaffeError, SolverError
+from engine.glog import fmt
+from engine.net import Net
+from engine.prototxt import parse_file
+from engine.snapshot import atomic_write, load_solverstate, save_solverstate
+from solvers import create_solver
+
+
+class SingleProcessWorld:
+    """The world of a run without MPI: rank 0 of 1."""
+    rank, size, comm = 0, 1, None
+
+
+def resolve_path(path, solver_path):
+    """Caffe resolves paths against the CWD; fall back to the solver file's folder."""
+    if os.path.exists(path) or os.path.isabs(path):
+        return path
+    alt = os.path.join(os.path.dirname(os.path.abspath(solver_path)), path)
+    return alt if os.path.exists(alt) else path
+
+
+class Trainer:
+    """Runs a solver prototxt. ``world`` has ``rank``, ``size`` and ``comm`` (mpi4py or None)."""
+
+    def __init__(self, solver_path, world=None, log=None, exchange_factory=None, timing=None):
+        self.solver_path = str(solver_path)
+        self.param = parse_file(self.solver_path, "SolverParameter")
+        self.world = world or SingleProcessWorld()
+        self.log = log or (lambda msg: None)
+        self.timing = timing
+        self._validate()
+        p = self.param
+        if p.random_seed >= 0:
+            backend.seed(int(p.random_seed) + self.world.rank)
+        self.net = self._build_train_net()
+        self.test_nets = self._build_test_nets()
+        self.solver = create_solver(p, self.net, log=self.log)
+        self.exchange = exchange_factory(self.world, p.comm, self.net) if exchange_factory else None
+        self.losses = []
+        self.smoothed_loss = 0.0
+        self.last_snapshot_iter = None
+        self._broadcast_weights()
+
+    # --- setup -----------------------------------------------------------------------------------
+    def _validate(self):
+        p = self.param
+        where = lambda f: f"{p.location(f)}: solver field '{f}'"  # noqa: E731
+        if not p.has("max_iter") or p.max_iter < 0:
+            raise SolverError(f"{p.location('max_iter')}: solver field 'max_iter' must be set and >= 0")
+        for f, lo in (("average_loss", 1), ("iter_size", 1)):
+            if getattr(p, f) < lo:
+                raise SolverError(f"{where(f)} must be >= {lo}, got {getattr(p, f)}")
+        for f in ("display", "snapshot", "test_interval"):
+            if getattr(p, f) < 0:
+                raise SolverError(f"{where(f)} must be >= 0, got {getattr(p, f)}")
+        if p.base_lr < 0:
+            raise SolverError(f"{where('base_lr')} must be >= 0, got {fmt(p.base_lr)}")
+        nets = [f for f in ("net", "net_param", "train_net", "train_net_param") if p.has(f)]
+        if len(nets) != 1:
+            raise SolverError(f"{self.solver_path}: exactly one of net, net_param, train_net, "
+                              f"train_net_param must be given (got {nets or 'none'})")
+
+    def _net_source(self, field):
+        value = getattr(self.param, field)
+        if field.endswith("_param"):
+            return value
+        return resolve_path(value, self.solver_path)
+
+    def _build_train_net(self):
+        p = self.param
+        field = next(f for f in ("train_net_param", "train_net", "net_param", "net") if p.has(f))
+        st = p.train_state
+        return Net(self._net_source(field), phase="TRAIN", level=st.level, stages=tuple(st.stage),
+                   rank=self.world.rank, world=self.world.size)
+
+    def _build_test_nets(self):
+        p = self.param
+        sources = [p.test_net_param[i] for i in range(len(p.test_net_param))]
+        sources += [resolve_path(t, self.solver_path) for t in p.test_net]
+        if not sources and (p.has("net") or p.has("net_param")):
+            if p.test_iter:
+                sources = [self._net_source("net" if p.has("net") else "net_param")] * len(p.test_iter)
+        if len(sources) != len(p.test_iter):
+            raise SolverError(f"{p.location('test_iter')}: {len(p.test_iter)} test_iter value(s) "
+                              f"for {len(sources)} test net(s); give one test_iter per test net")
+        if p.test_interval > 0 and not sources:
+            raise SolverError(f"{p.location('test_interval')}: test_interval is set but there is no test net")
+        nets = []
+        for i, src in enumerate(sources):
+            st = p.test_state[i] if i < len(p.test_state) else None
+            net = Net(src, phase="TEST", level=st.level if st else 0,
+                      stages=tuple(st.stage) if st else (), rank=self.world.rank, world=self.world.size)
+            net.share_trained_layers_with(self.net)
+            nets.append(net)
+        return nets
+
+    def _broadcast_weights(self):
+        """Every rank starts from rank 0's weights (bit-identical parameters from iteration 0)."""
+        if self.world.size > 1:
+            for arr in self._flat_arrays(self.net.flat_data):
+                host = backend.to_numpy(arr)
+                self.world.comm.Bcast(host, root=0)
+                arr[...] = backend.to_device(host, like=arr)
+
+    @staticmethod
+    def _flat_arrays(flat):
+        return list(flat.values()) if isinstance(flat, dict) else [flat]
+
+    # --- the loop --------------------------------------------------------------------------------
+    @property
+    def iter(self):
+        return self.solver.iter
+
+    def solve(self, resume_file=None, weights=None, progress=None):
+        """Caffe's Solver::Solve: optional restore, Step to max_iter, final snapshot/display/test."""
+        p = self.param
+        if weights:
+            for w in str(weights).split(","):
+                self.net.copy_trained_layers_from(w)
+            self._broadcast_weights()
+        self.log(f"Solving {self.net.name}")
+        self.log(f"Learning Rate Policy: {p.lr_policy}")
+        if resume_file:
+            self.restore(resume_file)
+        self.step(p.max_iter - self.iter, progress)
+        if p.snapshot_after_train and (not p.snapshot or self.iter % p.snapshot != 0):
+            self.snapshot()
+        if p.display and self.iter % p.display == 0:
+            self.net.forward()
+            loss = self._weighted_loss(self.net)
+            self.log(f"Iteration {self.iter}, loss = {fmt(loss)}")
+        if p.test_interval and self.iter % p.test_interval == 0:
+            self.test_all()
+        self.log("Optimization Done.")
+
+    @staticmethod
+    def _weighted_loss(net):
+        """Sum of loss_weight × top over every weighted blob (Caffe's net loss)."""
+        return sum(w * float(backend.to_numpy(net.blobs[name].data).astype(numpy.float64).sum())
+                   for name, w in net.blob_loss_weights.items() if w)
+
+    def step(self, iters, progress=None):
+        p = self.param
+        start_iter, stop_iter = self.iter, self.iter + iters
+        self.losses, self.smoothed_loss = [], 0.0
+        last_time, last_iter = time.perf_counter(), self.iter
+        while self.iter < stop_iter:
+            self.net.clear_param_diffs()
+            if p.test_interval and self.iter % p.test_interval == 0 and \
+                    (self.iter > 0 or p.test_initialization):
+                self.test_all()
+            t0 = time.perf_counter()
+            if self.timing is not None:
+                self.timing.begin_iteration()
+            loss = sum(self.net.forward_backward() for _ in range(p.iter_size)) / p.iter_size
+            self._update_smoothed_loss(loss, start_iter)
+            if p.display and self.iter % p.display == 0:
+                now = time.perf_counter()
+                elapsed = max(now - last_time, 1e-9)
+                rate = (self.iter - last_iter) / elapsed
+                self.log(f"Iteration {self.iter} ({fmt(rate)} iter/s, {fmt(elapsed)}s/{p.display} iters), "
+                         f"loss = {fmt(self.smoothed_loss)}")
+                last_time, last_iter = now, self.iter
+                self._log_outputs(self.net, "Train", self._net_outputs(self.net))
+            t_wait = time.perf_counter()
+            if self.exchange is not None:
+                self.exchange.exchange_all()  # async: waits for the thread that ran during backward
+            wait = time.perf_counter() - t_wait
+            if self._gradients_finite():
+                self.solver.apply_update()
+            if self.timing is not None:
+                self.timing.end_iteration(self.iter - 1, time.perf_counter() - t0, wait)
+            if progress is not None:
+                progress.update(1)
+            if p.snapshot and self.iter % p.snapshot == 0:
+                self.snapshot()
+
+    def _update_smoothed_loss(self, loss, start_iter):
+        n = self.param.average_loss
+        if len(self.losses) < n:
+            self.losses.append(loss)
+            size = len(self.losses)
+            self.smoothed_loss = (self.smoothed_loss * (size - 1) + loss) / size
+        else:
+            idx = (self.iter - start_iter) % n
+            self.smoothed_loss += (loss - self.losses[idx]) / n
+            self.losses[idx] = loss
+
+    def _gradients_finite(self):
+        """NaN/Inf guard. After the exchange all ranks hold identical diffs, so all decide alike."""
+        ok = all(bool(backend.get_array_module(a).isfinite(a).all())
+                 for a in self._flat_arrays(self.net.flat_diff))
+        if ok:
+            return True
+        policy = self.param.comm.nonfinite
+        if policy == "skip":
+            self.log(f"Iteration {self.iter}: non-finite gradient, update skipped")
+            self.solver.iter += 1
+            return False
+        self.snapshot()
+        raise CaffeError(f"iteration {self.iter}: non-finite loss or gradient; snapshot written "
+                         f"(set comm {{ nonfinite: \"skip\" }} in the solver to skip such updates)")
+
+    # --- outputs and testing ---------------------------------------------------------------------
+    @staticmethod
+    def _net_outputs(net):
+        """[(blob name, flat values, loss weight)] for the net's outputs, sorted by name."""
+        out = []
+        for name in net.output_blob_names:
+            values = backend.to_numpy(net.blobs[name].data).astype(numpy.float64).reshape(-1)
+            out.append((name, values, net.blob_loss_weights.get(name, 0.0)))
+        return out
+
+    def _log_outputs(self, net, kind, outputs, means=None):
+        k = 0
+        for name, values, weight in outputs:
+            vals = means[k:k + values.size] if means is not None else values
+            for v in vals:
+                suffix = f" (* {fmt(weight)} = {fmt(weight * v)} loss)" if weight else ""
+                self.log(f"    {kind} net output #{k}: {name} = {fmt(v)}{suffix}")
+                k += 1
+
+    def test_all(self):
+        for i in range(len(self.test_nets)):
+            self.test(i)
+
+    def test(self, i):
+        """Run test_iter[i] forward passes on this rank's share; average over passes and ranks."""
+        net, n = self.test_nets[i], self.param.test_iter[i]
+        self.log(f"Iteration {self.iter}, Testing net (#{i})")
+        sums, loss, outputs = None, 0.0, []
+        for _ in range(n):
+            net.forward()
+            loss += self._weighted_loss(net)
+            outputs = self._net_outputs(net)
+            flat = numpy.concatenate([v for _, v, _ in outputs]) if outputs else numpy.zeros(0)
+            sums = flat if sums is None else sums + flat
+        means = numpy.append(sums if sums is not None else numpy.zeros(0), loss) / max(n, 1)
+        if self.world.size > 1:
+            from mpi4py import MPI
+            self.world.comm.Allreduce(MPI.IN_PLACE, means, op=MPI.SUM)
+            means /= self.world.size
+        if self.param.test_compute_loss:
+            self.log(f"Test loss: {fmt(means[-1])}")
+        self._log_outputs(net, "Test", outputs, means[:-1])
+        self.last_test = {name: float(means[k]) for k, (name, _, _) in enumerate(outputs)}
+        return self.last_test
+
+    # --- snapshots -------------------------------------------------------------------------------
+    def snapshot_prefix(self):
+        p = self.param
+        if p.has("snapshot_prefix"):
+            prefix = p.snapshot_prefix
+            if prefix.endswith(os.sep) or os.path.isdir(prefix):
+                prefix = os.path.join(prefix, os.path.splitext(os.path.basename(self.solver_path))[0])
+            return prefix
+        return os.path.splitext(self.solver_path)[0]
+
+    def snapshot(self):
+        """Rank 0 writes model and solver state (HDF5, atomically). Collective: all ranks call it."""
+        self.last_snapshot_iter = self.iter
+        extra = self._extra_state()
+        if self.world.rank != 0:
+            return None
+        base = f"{self.snapshot_prefix()}_iter_{self.iter}"
+        model, state = base + ".caffemodel.h5", base + ".solverstate.h5"
+        self.log(f"Snapshotting to HDF5 file {model}")
+        atomic_write(model, lambda tmp: self.net.to_hdf5(tmp, write_diff=self.param.snapshot_diff))
+        self.log(f"Snapshotting solver state to HDF5 file {state}")
+        save_solverstate(state, self.solver.state(), model, extra=extra)
+        return model, state
+
+    def _extra_state(self):
+        """Per-rank state Caffe does not save but an exact resume needs, gathered on rank 0."""
+        local = {"rng": backend.rng_state(),
+                 "layers": {l.name: l.get_state() for l in self.net.layers if hasattr(l, "get_state")}}
+        ranks = self.world.comm.gather(local, root=0) if self.world.size > 1 else [local]
+        return {"world": self.world.size, "ranks": ranks}
+
+    def restore(self, path):
+        """Resume from a solverstate (its learned_net is loaded too), Caffe's Solver::Restore."""
+        if not str(path).endswith(".h5"):
+            raise CaffeError(f"{path}: only HDF5 solver states (.solverstate.h5) are supported")
+        state, extra = load_solverstate(path)
+        model = state["learned_net"]
+        if model and not os.path.exists(model):
+            alt = os.path.join(os.path.dirname(str(path)), os.path.basename(model))
+            model = alt if os.path.exists(alt) else model
+        if model:
+            self.net.copy_trained_layers_from(model)
+        self.solver.restore(state)
+        ranks = extra.get("ranks", [])
+        if extra.get("world") == self.world.size and self.world.rank < len(ranks):
+            mine = ranks[self.world.rank]
+            backend.set_rng_state(mine["rng"])
+            for layer in self.net.layers:
+                if hasattr(layer, "set_state") and layer.name in mine["layers"]:
+                    layer.set_state(mine["layers"][layer.name])
+        elif ranks:
+            self.log(f"{path}: written by {extra.get('world')} process(es), resumed by "
+                     f"{self.world.size}: random and data state restart, weights and history are exact")
+        self._broadcast_weights()

@@ -1,0 +1,77 @@
+"""Prototxt parser: the whole text format, Caffe's defaults, and errors with file:line:col."""
+import math
+
+import pytest
+
+from engine.errors import PrototxtError
+from engine.prototxt import parse_file, parse_layer, parse_text, to_text
+
+
+def test_defaults_follow_caffe():
+    l = parse_layer('name: "p" type: "Pooling"')
+    pp = l.pooling_param
+    assert (pp.pool, pp.round_mode, pp.stride, pp.pad, pp.global_pooling) == ("MAX", "CEIL", 1, 0, False)
+    assert l.lrn_param.local_size == 5 and l.lrn_param.alpha == 1.0 and l.lrn_param.beta == 0.75
+    assert l.convolution_param.bias_term is True and l.convolution_param.kernel_size == []
+    assert l.loss_param.normalization == "VALID" and not l.loss_param.has("ignore_label")
+    assert l.inner_product_param.weight_filler.type == "constant"
+    s = parse_text("", "s", "SolverParameter")
+    assert (s.type, s.iter_size, s.average_loss, s.clip_gradients, s.delta) == ("SGD", 1, 1, -1.0, 1e-8)
+    assert s.snapshot_format == "HDF5" and s.test_initialization is True
+    assert s.comm.codec == "fp8" and s.comm.quantile == pytest.approx(0.95) and s.comm.samples == 1024
+
+
+def test_syntax_forms():
+    text = r'''
+    # comment line
+    name: "a\"b\n\x41\101" 'c'   # adjacent strings concatenate
+    force_backward: true;
+    input_dim: [1, 3, 0x10, 16]
+    layer < name: "l" type: "Convolution"  param: { lr_mult: 1e0 } param { lr_mult: 2.f decay_mult: .5 }
+      convolution_param { kernel_size: 3 kernel_size: 5, pad: [1, 2] weight_filler { std: -1.5E-3 } }
+      loss_weight: inf loss_weight: -Infinity propagate_down: false propagate_down: 1 >
+    layer { include { phase: TEST } exclude: { stage: "x" } name: "m" }
+    '''
+    m = parse_text(text, "t.prototxt")
+    assert m.name == 'a"b\nAAc'
+    assert m.force_backward is True and m.input_dim == [1, 3, 16, 16]
+    l = m.layer[0]
+    assert [p.lr_mult for p in l.param] == [1.0, 2.0] and l.param[1].decay_mult == 0.5
+    assert l.convolution_param.kernel_size == [3, 5] and l.convolution_param.pad == [1, 2]
+    assert l.convolution_param.weight_filler.std == pytest.approx(-1.5e-3)
+    assert l.loss_weight[0] == math.inf and l.loss_weight[1] == -math.inf
+    assert l.propagate_down == [False, True]
+    assert m.layer[1].include[0].phase == "TEST" and m.layer[1].exclude[0].stage == ["x"]
+    assert parse_text(to_text(m)) == m  # round trip
+
+
+def test_enum_by_number_and_has():
+    l = parse_layer("pooling_param { pool: 1 }")
+    assert l.pooling_param.pool == "AVE"
+    assert l.has("pooling_param") and not l.has("lrn_param")
+    assert l.pooling_param.has("pool") and not l.pooling_param.has("stride")
+
+
+@pytest.mark.parametrize("text, line, col, words", [
+    ('layer {\n  nme: "x"\n}', 2, 3, ["unknown field 'nme'", "LayerParameter", "name", "type"]),
+    ('layer {\n  name: "x"\n', 3, 1, ["missing '}'"]),
+    ('layer { pooling_param { pool: FOO } }', 1, 31, ["MAX", "AVE", "FOO"]),
+    ('layer { name: x }', 1, 15, ["quoted string"]),
+    ('layer { convolution_param { num_output: -3 } }', 1, 41, ["negative"]),
+    ('layer { name: "a" name: "b" }', 1, 19, ["set twice"]),
+    ('layer { name "a" }', 1, 14, ["expected ':'"]),
+    ('layer { name: "a" } }', 1, 21, ["expected a field name"]),
+    ('name: "x" @', 1, 11, ["unexpected character"]),
+])
+def test_errors_name_file_line_col(text, line, col, words):
+    with pytest.raises(PrototxtError) as e:
+        parse_text(text, "net.prototxt")
+    msg = str(e.value)
+    assert msg.startswith(f"net.prototxt:{line}:{col}:"), msg
+    for w in words:
+        assert w in msg
+
+
+def test_missing_file(tmp_path):
+    with pytest.raises(PrototxtError, match="nope.prototxt"):
+        parse_file(tmp_path / "nope.prototxt")
