@@ -36,7 +36,7 @@ def _pair(layer, p, name, default):
     if p.has(h_name) or p.has(w_name):
         if p.has(name):
             raise layer.error(f"{name} is {name} OR {h_name} and {w_name}; not both")
-        if name != "pad" and not (p.has(h_name) and p.has(w_name)):
+        if not (p.has(h_name) and p.has(w_name)):  # Caffe checks this for pad and stride too
             raise layer.error(f"for non-square {name}s both {h_name} and {w_name} are required")
         return getattr(p, h_name), getattr(p, w_name)
     if not p.has(name) and default is None:

@@ -33,7 +33,7 @@ CASES = [
     ((1, 2, 8, 7), "pool: AVE kernel_size: 2 stride: 3 pad: 1 round_mode: FLOOR", "AVE", (2, 2), (3, 3), (1, 1), False),
     ((2, 2, 9, 8), "pool: MAX kernel_h: 3 kernel_w: 2 stride_h: 2 stride_w: 3 pad_h: 1 pad_w: 1",
      "MAX", (3, 2), (2, 3), (1, 1), True),
-    ((2, 2, 9, 8), "pool: AVE kernel_h: 2 kernel_w: 4 stride_h: 3 stride_w: 1 pad_h: 1",
+    ((2, 2, 9, 8), "pool: AVE kernel_h: 2 kernel_w: 4 stride_h: 3 stride_w: 1 pad_h: 1 pad_w: 0",
      "AVE", (2, 4), (3, 1), (1, 0), True),
     ((1, 2, 5, 5), "pool: MAX kernel_size: 1 stride: 3", "MAX", (1, 1), (3, 3), (0, 0), True),
     ((1, 2, 5, 5), "pool: AVE kernel_size: 1 stride: 3", "AVE", (1, 1), (3, 3), (0, 0), True),
@@ -112,10 +112,12 @@ def test_max_backward_accumulates_overlaps_and_ties():
     x = RNG.integers(0, 3, (2, 2, 7, 6)).astype(float)  # many ties, overlapping windows
     layer, bottom, top = build(pool_text("pool: MAX kernel_size: 3 stride: 1 pad: 1"), [x], n_top=2)
     y, mask = forward(layer, bottom, top)
+    expected_mask = naive.pool_forward(x, "MAX", (3, 3), (1, 1), (1, 1))[1]
+    numpy.testing.assert_array_equal(mask, expected_mask)
     dy = RNG.standard_normal(y.shape)
     top[0].diff[...] = dy
     layer.backward(top, [True], bottom)
-    numpy.testing.assert_allclose(bottom[0].diff, naive.max_pool_backward(dy, mask, x.shape))
+    numpy.testing.assert_allclose(bottom[0].diff, naive.max_pool_backward(dy, expected_mask, x.shape))
 
 
 @pytest.mark.parametrize("body", ["pool: MAX global_pooling: true", "pool: AVE global_pooling: true"])
@@ -133,7 +135,7 @@ def test_global_pooling(body):
     ((1, 2, 7, 6), "pool: MAX kernel_size: 3 stride: 2"),
     ((1, 2, 7, 6), "pool: AVE kernel_size: 3 stride: 2"),
     ((1, 2, 6, 7), "pool: AVE kernel_size: 3 stride: 2 pad: 1"),
-    ((1, 2, 9, 8), "pool: AVE kernel_h: 2 kernel_w: 4 stride_h: 3 stride_w: 1 pad_h: 1"),
+    ((1, 2, 9, 8), "pool: AVE kernel_h: 2 kernel_w: 4 stride_h: 3 stride_w: 1 pad_h: 1 pad_w: 0"),
     ((2, 2, 3, 4), "pool: AVE global_pooling: true"),
     ((2, 2, 3, 4), "pool: MAX global_pooling: true"),
 ])
@@ -190,6 +192,7 @@ def test_stochastic_train_picks_a_window_value_and_routes_its_gradient():
     ("pool: STOCHASTIC kernel_size: 2 pad: 1", (1, 1, 5, 5), 1, "padding"),
     ("pool: MAX stride: 2", (1, 1, 5, 5), 1, "kernel_size"),
     ("pool: MAX kernel_size: 2 kernel_h: 2 kernel_w: 2", (1, 1, 5, 5), 1, "not both"),
+    ("pool: MAX kernel_size: 3 pad_h: 1", (1, 1, 5, 5), 1, "pad_h and pad_w"),
     ("pool: MAX kernel_size: 2", (1, 5, 5), 1, "4 axes"),
 ])
 def test_errors_name_the_layer(body, shape, n_top, fragment):
