@@ -138,10 +138,15 @@ class FloatFormat:
         emin = 1 - self.bias                  # subnormals share the quantum of the lowest binade
         e = xp.where(a_safe == 0, emin, xp.maximum(e2.astype(xp.int64) - 1, emin))
         quantum = xp.ldexp(xp.ones_like(a_safe), (e - self.man_bits).astype(xp.int32))
-        q = xp.rint(a_safe / quantum).astype(xp.int64)
-        # With q in [0, 2**(m+1)] this one formula covers subnormals (e = emin), normals, and a
+        r = a_safe / quantum
+        q = xp.floor(r)
+        # With q in [0, 2**(m+1)] one formula covers subnormals (e = emin), normals, and a
         # mantissa carry into the next binade (q = 2**(m+1)).
-        code = ((e + self.bias) << self.man_bits) + q - (1 << self.man_bits)
+        code = ((e + self.bias) << self.man_bits) + q.astype(xp.int64) - (1 << self.man_bits)
+        # Ties go to the even *code*: the even mantissa as in IEEE when man_bits > 0, and the
+        # even exponent for exponent-only formats (E3M0), where "even mantissa" means nothing.
+        frac = r - q
+        code += (frac > 0.5) | ((frac == 0.5) & ((code & 1) == 1))
         over = (code > self.max_code) | ~finite
         code = xp.where(over, self._overflow_code(), code)
         code = xp.where(xp.isnan(a), self.nan_code, code)
