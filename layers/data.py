@@ -8,6 +8,7 @@ Tops: data (N, C, H, W) and, optionally, label (N,). ``backend: LEVELDB`` (Caffe
 rejected with a clear error: only LMDB is supported.
 """
 import os
+import threading
 
 import lmdb
 import numpy
@@ -19,16 +20,42 @@ from engine.transformer import DataTransformer, decode_image, transform_param_wi
 from layers.base_data import BaseDataLayer
 
 
+# py-lmdb allows one Environment per database per process; layers share it (e.g. a TRAIN and a
+# TEST net reading the same LMDB) and the last one to close it closes it.
+_ENVS = {}
+_ENVS_LOCK = threading.Lock()
+
+
 def open_lmdb(path):
-    """Read-only LMDB environment at ``path`` (a directory with data.mdb, or the file)."""
+    """Shared read-only LMDB environment at ``path`` (a directory with data.mdb, or the file);
+    give it back with ``release_lmdb(path)``."""
     if not os.path.exists(path):
         raise DataError(f"LMDB '{path}' does not exist")
-    try:
-        # lock=False: readers never write the lock file, so read-only media and many ranks work
-        return lmdb.open(path, readonly=True, lock=False, readahead=False,
-                         subdir=os.path.isdir(path), max_readers=512)
-    except lmdb.Error as e:
-        raise DataError(f"LMDB '{path}' cannot be opened: {e}") from None
+    key = os.path.realpath(path)
+    with _ENVS_LOCK:
+        if key in _ENVS:
+            env, users = _ENVS[key]
+            _ENVS[key] = (env, users + 1)
+            return env
+        try:
+            # lock=False: readers never write the lock file, so read-only media and many ranks work
+            env = lmdb.open(path, readonly=True, lock=False, readahead=False,
+                            subdir=os.path.isdir(path), max_readers=512)
+        except lmdb.Error as e:
+            raise DataError(f"LMDB '{path}' cannot be opened: {e}") from None
+        _ENVS[key] = (env, 1)
+        return env
+
+
+def release_lmdb(path):
+    key = os.path.realpath(path)
+    with _ENVS_LOCK:
+        env, users = _ENVS[key]
+        if users > 1:
+            _ENVS[key] = (env, users - 1)
+        else:
+            del _ENVS[key]
+            env.close()
 
 
 @register_layer("Data")
@@ -42,7 +69,8 @@ class DataLayer(BaseDataLayer):
             raise self.error(f"data_param.backend is {p.backend} (Caffe's default when unset); "
                              "only LMDB is supported: set 'backend: LMDB' and convert the "
                              "database to LMDB")
-        self.prefetch = int(p.prefetch)
+        if p.has("prefetch"):
+            self.prefetch = int(p.prefetch)
         self.source = p.source
         self.batch_size = self.batch_size_of(p)
         tp = transform_param_with_legacy(self.layer_param, p)
@@ -116,5 +144,5 @@ class DataLayer(BaseDataLayer):
             if self.txn is not None:
                 self.txn.abort()
                 self.txn = None
-            self.env.close()
             self.env = None
+            release_lmdb(self.source)
