@@ -44,7 +44,8 @@ class AccuracyLayer(Layer):
             else xp.ones(labels.shape, dtype=bool)
         check_label_range(self, xp, labels, valid, classes)
         hot = one_hot(xp, labels, classes)
-        true_score = xp.where(hot, scores, 0).sum(axis=1, keepdims=True)
+        zero = xp.zeros((), dtype=x.dtype)  # where, not a product: scores may be ±inf
+        true_score = xp.where(hot, scores, zero).sum(axis=1, keepdims=True)
         at_least = (scores >= true_score).sum(axis=1)       # (outer, inner), counts itself
         correct = (at_least <= self.top_k) & valid
         dt = x.dtype

@@ -76,9 +76,9 @@ def _caffe_max(xp, xs):
     """(max, argmax) with Caffe's tie-breaking (see the module docstring)."""
     first = xs[0] > xs[1]
     out = xp.where(first, xs[0], xs[1])
-    arg = xp.where(first, 0, 1)
+    arg = xp.logical_not(first).astype(xp.int32)
     for k, x in enumerate(xs[2:], 2):
         better = x > out
         out = xp.where(better, x, out)
-        arg = xp.where(better, k, arg)
+        arg[better] = k
     return out, arg

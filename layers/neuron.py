@@ -63,8 +63,10 @@ class ReLULayer(NeuronLayer):
 
     def df(self, bottom, top, xp):
         ref = self._input(bottom) if self.needs_input else top[0].data
-        dt = ref.dtype.type
-        return xp.where(ref > 0, dt(1), dt(self.slope))
+        d = (ref > 0).astype(ref.dtype)
+        if self.slope != 0:
+            d = d * ref.dtype.type(1 - self.slope) + ref.dtype.type(self.slope)
+        return d
 
 
 @register_layer("Sigmoid")

@@ -71,10 +71,11 @@ class SoftmaxWithLossLayer(Layer):
             else xp.ones(labels.shape, dtype=bool)
         check_label_range(self, xp, labels, valid, classes)
         self.hot = one_hot(xp, labels, classes) & valid[:, None, :]
-        p_true = xp.where(self.hot, p, 0).sum(axis=1)
+        zero = xp.zeros((), dtype=x.dtype)  # a 0-d array, not a scalar, for cupy.where
+        p_true = xp.where(self.hot, p, zero).sum(axis=1)
         logs = xp.log(xp.maximum(p_true, x.dtype.type(FLT_MIN)))
         self.norm = normalizer(xp, self.mode, outer, inner, valid, x.dtype)
-        top[0].data[...] = -xp.where(valid, logs, 0).sum() / self.norm
+        top[0].data[...] = -xp.where(valid, logs, zero).sum() / self.norm
         self.valid = valid
         if len(top) > 1:
             top[1].data[...] = self.prob
