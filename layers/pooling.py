@@ -131,8 +131,14 @@ class PoolingLayer(Layer):
         return xp.asarray(numpy.outer(*sizes), dtype=dtype)
 
     # --- forward / backward ------------------------------------------------------------------------
+    def _whole_image(self, hw):
+        """True when the single window is the whole unpadded image (global pooling, pool5)."""
+        return self.out == (1, 1) and not any(self.pad) and self.k == tuple(hw)
+
     def forward(self, bottom, top):
-        if self.method == "MAX":
+        if self.method in ("MAX", "AVE") and self._whole_image(bottom[0].shape[2:]):
+            self._forward_whole_image(bottom, top)
+        elif self.method == "MAX":
             self._forward_max(bottom, top)
         elif self.method == "AVE":
             self._forward_ave(bottom, top)
@@ -144,6 +150,9 @@ class PoolingLayer(Layer):
             return
         xp = backend.get_array_module(top[0].diff)
         dy = top[0].diff
+        if self.method in ("MAX", "AVE") and self._whole_image(bottom[0].shape[2:]):
+            self._backward_whole_image(xp, dy, bottom[0])
+            return
         acc = xp.zeros(self._buffer_shape(bottom[0].shape), dtype=dy.dtype)
         if self.method == "AVE":
             g = dy / self._ave_divisor(xp, dy.dtype, bottom[0].shape[2:])
@@ -155,6 +164,31 @@ class PoolingLayer(Layer):
             for o, (i, j) in enumerate(self._offsets()):
                 acc[self._window(i, j)] += xp.where(self.choice == o, dy, 0)
         bottom[0].diff[...] = self._crop(acc, bottom[0].shape)
+
+    def _forward_whole_image(self, bottom, top):
+        """One window per channel: a reduction instead of H*W offset steps."""
+        x = bottom[0].data
+        xp = backend.get_array_module(x)
+        flat = x.reshape(x.shape[:2] + (-1,))
+        if self.method == "AVE":
+            top[0].data[...] = (flat.sum(axis=2) / flat.shape[2]).reshape(top[0].shape)
+            return
+        peak = flat.max(axis=2)
+        found = peak > -FLT_MAX  # Caffe starts at -FLT_MAX: nothing below it can win
+        # argmax returns the first maximum in row-major order, as Caffe's strict '>' scan does
+        self.choice = xp.where(found, flat.argmax(axis=2), -1).astype(numpy.int32).reshape(top[0].shape)
+        top[0].data[...] = xp.where(found, peak, -FLT_MAX).reshape(top[0].shape)
+        if len(top) == 2:
+            top[1].data[...] = self._flat_argmax(xp, x.shape[3]).astype(top[1].data.dtype)
+
+    def _backward_whole_image(self, xp, dy, bottom):
+        n, c = dy.shape[:2]
+        count = bottom.count // (n * c)
+        if self.method == "AVE":
+            grad = xp.broadcast_to(dy.reshape(n, c, 1) / count, (n, c, count))
+        else:
+            grad = (xp.arange(count) == self.choice.reshape(n, c, 1)) * dy.reshape(n, c, 1)
+        bottom.diff[...] = grad.reshape(bottom.shape)
 
     def _forward_max(self, bottom, top):
         x = bottom[0].data

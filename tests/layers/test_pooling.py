@@ -130,6 +130,26 @@ def test_global_pooling(body):
     numpy.testing.assert_allclose(y[:, :, 0, 0], ref, rtol=1e-13)
 
 
+@pytest.mark.parametrize("body", ["pool: MAX global_pooling: true", "pool: MAX kernel_h: 4 kernel_w: 5",
+                                  "pool: AVE kernel_h: 4 kernel_w: 5 stride: 2"])
+def test_whole_image_window_with_ties_matches_caffe_loops(body):
+    """One window covering the image (a reduction path): first max wins, gradient to it."""
+    x = RNG.integers(0, 3, (2, 3, 4, 5)).astype(float)
+    method = body.split()[1]
+    layer, bottom, top = build(pool_text(body), [x], n_top=2 if method == "MAX" else 1)
+    got = forward(layer, bottom, top)
+    expected, mask = naive.pool_forward(x, method, (4, 5), (1, 1), (0, 0))
+    numpy.testing.assert_allclose(got[0], expected, rtol=1e-13)
+    dy = RNG.standard_normal(expected.shape)
+    top[0].diff[...] = dy
+    layer.backward(top, [True], bottom)
+    if method == "MAX":
+        numpy.testing.assert_array_equal(got[1], mask)
+        numpy.testing.assert_allclose(bottom[0].diff, naive.max_pool_backward(dy, mask, x.shape))
+    else:
+        numpy.testing.assert_allclose(bottom[0].diff, numpy.broadcast_to(dy / 20, x.shape))
+
+
 @pytest.mark.parametrize("shape,body", [
     ((1, 2, 7, 7), "pool: MAX kernel_size: 3 stride: 2 pad: 1"),
     ((1, 2, 7, 6), "pool: MAX kernel_size: 3 stride: 2"),
@@ -202,7 +222,8 @@ def test_errors_name_the_layer(body, shape, n_top, fragment):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("shape,body", [(c[0], c[1]) for c in CASES])
+@pytest.mark.parametrize("shape,body", [(c[0], c[1]) for c in CASES] + [
+    ((2, 3, 4, 5), "pool: MAX global_pooling: true"), ((2, 3, 4, 5), "pool: AVE global_pooling: true")])
 def test_cupy_matches_numpy(shape, body):
     n_top = 2 if "MAX" in body else 1
     gpu_matches_cpu(pool_text(body), [distinct(shape).astype(numpy.float32)], n_top=n_top)
