@@ -8,7 +8,8 @@ from layers.axes import count
 
 def class_geometry(layer, scores_shape, axis, label_count):
     """(outer, classes, inner) for scores, checking that there is one label per position."""
-    outer, classes, inner = count(scores_shape, 0, axis), scores_shape[axis], count(scores_shape, axis + 1)
+    outer, classes = count(scores_shape, 0, axis), scores_shape[axis]
+    inner = count(scores_shape, axis + 1)
     if outer * inner != label_count:
         raise layer.error(
             f"number of labels must match number of predictions: scores {tuple(scores_shape)} with "

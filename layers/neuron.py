@@ -144,7 +144,10 @@ class ExpLayer(NeuronLayer):
 
 @register_layer("Log")
 class LogLayer(NeuronLayer):
-    """y = log_base(shift + scale·x) (base -1 means e); dy/dx = scale / ((shift + scale·x)·ln base)."""
+    """y = log_base(shift + scale·x) (base -1 means e).
+
+    dy/dx = scale / ((shift + scale·x)·ln base).
+    """
     needs_input = True
 
     def layer_setup(self, bottom, top):

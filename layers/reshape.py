@@ -18,7 +18,8 @@ class ReshapeLayer(Layer):
             raise self.error("Reshape does not allow in-place computation")
         self.dims = [int(d) for d in self.layer_param.reshape_param.shape.dim]
         if sum(d == -1 for d in self.dims) > 1:
-            raise self.error(f"new shape {self.dims} contains multiple -1 dims; at most one may be -1")
+            raise self.error(f"new shape {self.dims} contains multiple -1 dims; "
+                             "at most one may be -1")
         if any(d < -1 for d in self.dims):
             raise self.error(f"new shape {self.dims} has a dimension below -1")
 
@@ -33,7 +34,8 @@ class ReshapeLayer(Layer):
         if not 0 <= start <= n:
             raise self.error(f"reshape_param.axis {rp.axis} out of range for {n}-D bottom {shape}")
         if rp.num_axes < -1:
-            raise self.error(f"reshape_param.num_axes must be >= 0, or -1 for all; got {rp.num_axes}")
+            raise self.error(f"reshape_param.num_axes must be >= 0, or -1 for all; "
+                             f"got {rp.num_axes}")
         end = n if rp.num_axes == -1 else start + rp.num_axes
         if end > n:
             raise self.error(f"axis + num_axes = {end} is out of range for {n}-D bottom {shape}")
@@ -48,8 +50,9 @@ class ReshapeLayer(Layer):
             known = count(shape, 0, start) * count(shape, end) * count([d for d in new if d != -1])
             total = count(shape)
             if known == 0 or total % known:
-                raise self.error(f"bottom count {total} of {shape} must be divisible by the product "
-                                 f"of the specified dimensions ({known}) for new shape {self.dims}")
+                raise self.error(f"bottom count {total} of {shape} must be divisible by the "
+                                 f"product of the specified dimensions ({known}) for new "
+                                 f"shape {self.dims}")
             new[new.index(-1)] = total // known
         top_shape = tuple(shape[:start]) + tuple(new) + tuple(shape[end:])
         if count(top_shape) != count(shape):

@@ -5,7 +5,6 @@ bottom[0].shape[axis : axis+num_axes] (num_axes -1: to the end); it is broadcast
 axes. Scale's optional ``bias_term`` adds a learned bias of the same shape. Parameter diffs
 accumulate; bottom diffs are overwritten. In place is supported (Scale keeps a copy of x).
 """
-from engine import backend
 from engine.layer import Layer, register_layer
 from engine.prototxt import Message
 from layers.axes import canonical_axis, count, is_in_place, reshape_like
@@ -15,7 +14,8 @@ def _param_shape(layer, bottom_shape, axis_field, num_axes):
     """Shape of the learned operand: bottom_shape[axis : axis+num_axes]."""
     axis = canonical_axis(layer, axis_field, len(bottom_shape))
     if num_axes < -1:
-        raise layer.error(f"num_axes must be non-negative, or -1 to extend to the end; got {num_axes}")
+        raise layer.error(f"num_axes must be non-negative, or -1 to extend to the end; "
+                          f"got {num_axes}")
     end = len(bottom_shape) if num_axes == -1 else axis + num_axes
     if end > len(bottom_shape):
         raise layer.error(f"operand shape extends past bottom[0] {bottom_shape} when applied "

@@ -15,7 +15,8 @@ class SliceLayer(Layer):
         shape = bottom[0].shape
         sp = self.layer_param.slice_param
         self.axis = concat_axis(self, sp, len(shape), "slice_dim")
-        self.bounds = _bounds(self._sizes(shape[self.axis], len(top), [int(p) for p in sp.slice_point]))
+        points = [int(p) for p in sp.slice_point]
+        self.bounds = _bounds(self._sizes(shape[self.axis], len(top), points))
         for t, (lo, hi) in zip(top, self.bounds):
             out = list(shape)
             out[self.axis] = hi - lo

@@ -13,7 +13,8 @@ class SplitLayer(Layer):
     def reshape(self, bottom, top):
         for i, t in enumerate(top):
             if t is bottom[0]:
-                raise self.error(f"top[{i}] is bottom[0]: Split does not allow in-place computation")
+                raise self.error(f"top[{i}] is bottom[0]: Split does not allow in-place "
+                                 "computation")
             t.reshape(bottom[0].shape)
             t.share_data(bottom[0])
 
