@@ -148,3 +148,15 @@ def test_label_out_of_range_names_layer():
 def test_gpu_matches_cpu():
     x, labels = spatial_case(10)
     assert_gpu_matches_cpu(loss_text("ignore_label: -1") + ' top: "prob"', [x, labels], n_top=2)
+
+
+def test_float32_matches_float64_reference():
+    x, labels = spatial_case(11)
+    layer = make(loss_text("ignore_label: -1"), dtype=numpy.float32)
+    bottom, top = run(layer, [x, labels], dtype=numpy.float32)
+    assert top[0].data.dtype == numpy.float32
+    ref_loss, ref_grad = reference(x.astype(numpy.float32).astype(float), labels, -1)
+    numpy.testing.assert_allclose(float(top[0].data), ref_loss, rtol=1e-6)
+    g = run_backward(layer, bottom, top, [numpy.array(1.0)], propagate=[True, False])[0]
+    assert g.dtype == numpy.float32
+    numpy.testing.assert_allclose(g, ref_grad, rtol=1e-5, atol=1e-7)
