@@ -63,6 +63,8 @@ def write_datum_lmdb(path, records, map_size=1 << 40):
     """Write ``records`` — an iterable of (key bytes, serialised Datum) — into a new LMDB
     directory ``path`` (Caffe's layout: data.mdb + lock.mdb), committing every 1000 records."""
     import lmdb
+    if os.path.exists(path):  # as convert_imageset: never append to an existing database
+        raise DataError(f"LMDB '{path}' already exists; remove it or choose another path")
     env = lmdb.open(path, map_size=map_size, subdir=True)
     try:
         txn = env.begin(write=True)
@@ -72,8 +74,12 @@ def write_datum_lmdb(path, records, map_size=1 << 40):
                 txn.commit()
                 txn = env.begin(write=True)
         txn.commit()
-    finally:
+    except BaseException:
+        txn.abort()
         env.close()
+        shutil.rmtree(path, ignore_errors=True)  # no half-written database left behind
+        raise
+    env.close()
 
 
 def _write_split(folder, name, images, labels):
