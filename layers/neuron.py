@@ -49,24 +49,44 @@ class NeuronLayer(Layer):
 
 @register_layer("ReLU")
 class ReLULayer(NeuronLayer):
-    """y = max(x, 0) + slope * min(x, 0); dy/dx = 1 for x > 0 else slope (slope at exactly 0)."""
+    """y = max(x, 0) + slope * min(x, 0); dy/dx = 1 for x > 0 else slope (slope at exactly 0).
+
+    Forward and backward write through ``out=`` (ReLU is on every conv/fc output, and these
+    passes are memory-bound), which also makes in place free of temporaries when slope is 0.
+    """
 
     def layer_setup(self, bottom, top):
         self.slope = float(self.layer_param.relu_param.negative_slope)
         # With slope >= 0, y > 0 exactly when x > 0, so top data suffices (in place too).
         self.needs_input = self.slope < 0
 
-    def f(self, x, xp):
+    def forward(self, bottom, top):
+        x, y = bottom[0].data, top[0].data
+        xp = backend.get_array_module(x)
+        self._save_input(x, is_in_place(bottom, top))
         if self.slope == 0:
-            return xp.maximum(x, 0)
-        return xp.where(x > 0, x, x * x.dtype.type(self.slope))
+            xp.maximum(x, 0, out=y)
+            return
+        neg = xp.minimum(x, 0)  # before y is written: in place, y is x
+        neg *= x.dtype.type(self.slope)
+        xp.maximum(x, 0, out=y)
+        y += neg
 
-    def df(self, bottom, top, xp):
+    def backward(self, top, propagate_down, bottom):
+        if not propagate_down[0]:
+            return
+        xp = backend.get_array_module(top[0].diff)
         ref = self._input(bottom) if self.needs_input else top[0].data
-        d = (ref > 0).astype(ref.dtype)
-        if self.slope != 0:
-            d = d * ref.dtype.type(1 - self.slope) + ref.dtype.type(self.slope)
-        return d
+        dy, dx = top[0].diff, bottom[0].diff
+        positive = ref > 0
+        if self.slope == 0:
+            xp.multiply(dy, positive, out=dx)
+            return
+        # dx = dy * (slope + (1 - slope) * [x > 0])
+        factor = positive.astype(dy.dtype)
+        factor *= dy.dtype.type(1 - self.slope)
+        factor += dy.dtype.type(self.slope)
+        xp.multiply(dy, factor, out=dx)
 
 
 @register_layer("Sigmoid")
