@@ -1,0 +1,399 @@
+"""Shared code of the scaling scripts (weak_scaling.py, strong_scaling.py) and plot_breakdown.py.
+
+* prototxt rewriting: a copy of the solver and its train net with the batch size, the ``comm``
+  block and the iteration count changed, written into the output folder;
+* running ``mpiexec -n P python -m engine.cli train`` with a timeout (the whole process group is
+  killed when it runs over, so a hung job never blocks the sweep);
+* reading timing logs (docs/timing_schema.json) and reducing them to iteration times;
+* the sweep itself, the CSV and the throughput/speedup plot of the seed's figure 7.
+
+Per-rank logs: ``caffe8 train --timing-log F`` opens F on every rank, so P ranks given one path
+overwrite each other's lines. The runs therefore use mpiexec's MPMD form,
+``mpiexec -n 1 CMD --timing-log r0.jsonl : -n 1 CMD --timing-log r1.jsonl : ...``, which is one
+MPI job of P ranks (MPI_COMM_WORLD spans all colons) with one log file per rank.
+"""
+import csv
+import json
+import os
+import signal
+import subprocess
+import sys
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if REPO not in sys.path:
+    sys.path.insert(0, REPO)
+
+from engine.errors import CaffeError  # noqa: E402  (after the path fix above)
+from engine.prototxt import parse_file, to_text  # noqa: E402
+
+# The engine registers codecs as fp32/fp16/fp8; the seed says float/half.
+CODEC_ALIASES = {"float": "fp32", "float32": "fp32", "half": "fp16", "float16": "fp16"}
+CSV_FIELDS = ("mode", "p", "codec", "async", "processes_per_node", "batch_per_process",
+              "global_batch", "iterations", "mean_iter_s", "throughput_samples_s", "speedup",
+              "run_dir")
+
+
+# --- argument helpers ------------------------------------------------------------------------
+def int_list(text):
+    """"1,2,4" → [1, 2, 4] (each ≥ 1)."""
+    values = [int(v) for v in text.split(",") if v.strip()]
+    if not values or min(values) < 1:
+        raise ValueError(f"expected a comma-separated list of integers >= 1, got {text!r}")
+    return values
+
+
+def bool_list(text):
+    """"false,true" → [False, True] (also sync/async, 0/1)."""
+    table = {"false": False, "0": False, "sync": False, "true": True, "1": True, "async": True}
+    try:
+        return [table[v.strip().lower()] for v in text.split(",") if v.strip()]
+    except KeyError as e:
+        raise ValueError(f"expected false/true (or sync/async), got {e.args[0]!r}") from None
+
+
+def codec_list(text):
+    return [CODEC_ALIASES.get(c.strip().lower(), c.strip().lower()) for c in text.split(",")
+            if c.strip()]
+
+
+def emulate_spec(text):
+    """"gru1=2:4,gru2=1.5:3" → {"gru1": (2.0, 4.0), "gru2": (1.5, 3.0)} (forward:backward ms)."""
+    out = {}
+    for item in (t for t in (text or "").split(",") if t.strip()):
+        name, _, times = item.partition("=")
+        fwd, _, bwd = times.partition(":")
+        try:
+            out[name.strip()] = (float(fwd), float(bwd))
+        except ValueError:
+            raise ValueError(f"--emulate expects LAYER=FWD_MS:BWD_MS, got {item!r}") from None
+    return out
+
+
+# --- prototxt rewriting ----------------------------------------------------------------------
+def _net_field(solver):
+    for field in ("train_net", "net", "train_net_param", "net_param"):
+        if solver.has(field):
+            return field
+    raise CaffeError(f"{solver.location()}: solver names no train net (net / train_net / *_param)")
+
+
+def load_train_net(solver_path):
+    """(solver Message, train NetParameter Message) of a solver prototxt."""
+    from engine.trainer import resolve_path
+    solver = parse_file(solver_path, "SolverParameter")
+    field = _net_field(solver)
+    if field.endswith("_param"):
+        return solver, getattr(solver, field).copy()
+    return solver, parse_file(resolve_path(getattr(solver, field), solver_path), "NetParameter")
+
+
+def _batch_slots(net):
+    """[(getter, setter, where)] for every batch dimension of the net's data/input layers.
+
+    Covers ``*_param.batch_size`` of data layers, the first dim of Input / DummyData shapes
+    and DummyData's legacy ``num``.
+    """
+    slots = []
+    for layer in net.layer:
+        for field in layer.fields():
+            sub = getattr(layer, field)
+            if field.endswith("_param") and hasattr(sub, "fields") and "batch_size" in sub.fields():
+                slots.append((lambda s=sub: s.batch_size,
+                              lambda v, s=sub: setattr(s, "batch_size", v),
+                              f"layer '{layer.name}' {field}.batch_size"))
+        if layer.type in ("Input", "DummyData"):
+            sub = layer.input_param if layer.type == "Input" else layer.dummy_data_param
+            for shape in sub.shape:
+                slots.append((lambda s=shape: s.dim[0],
+                              lambda v, s=shape: setattr(s, "dim", [v] + list(s.dim[1:])),
+                              f"layer '{layer.name}' shape"))
+            if layer.type == "DummyData":
+                for k in range(len(sub.num)):
+                    slots.append((lambda s=sub, k=k: s.num[k],
+                                  lambda v, s=sub, k=k: setattr(
+                                      s, "num", s.num[:k] + [v] + s.num[k + 1:]),
+                                  f"layer '{layer.name}' dummy_data_param.num"))
+    return slots
+
+
+def net_batch_size(net):
+    """Per-process batch of the TRAIN net: the first batch dimension found (samples)."""
+    slots = _batch_slots(net)
+    if not slots:
+        raise CaffeError(f"net '{net.name}': no data layer with a batch_size / Input shape found")
+    return int(slots[0][0]())
+
+
+def with_batch_size(net, batch):
+    """Copy of ``net`` with every batch dimension of its data/input layers set to ``batch``."""
+    net = net.copy()
+    for _, setter, _ in _batch_slots(net):
+        setter(int(batch))
+    return net
+
+
+def comm_block(solver, codec, asynchronous, processes_per_node):
+    """The solver's ``comm`` block (kept settings) with codec/async/processes_per_node set."""
+    from engine.prototxt import Message
+    comm = solver.comm.copy() if solver.has("comm") else Message("CommParameter", solver.location())
+    comm.codec = codec
+    setattr(comm, "async", bool(asynchronous))
+    comm.processes_per_node = int(processes_per_node)
+    return comm
+
+
+def write_run_prototxts(solver_path, run_dir, batch, codec, asynchronous, processes_per_node,
+                        max_iter, emulate=None):
+    """Write ``run_dir``/net.prototxt and solver.prototxt for one run; return the solver path.
+
+    The copy trains only (no test nets, no snapshots, one display line at the end) so the
+    timing is the training loop alone.
+    """
+    from layers.emulate import emulate_layer_times
+    solver, net = load_train_net(solver_path)
+    net = with_batch_size(net, batch)
+    if emulate:
+        net = emulate_layer_times(net, emulate)
+    os.makedirs(run_dir, exist_ok=True)
+    net_path = os.path.join(os.path.abspath(run_dir), "net.prototxt")
+    with open(net_path, "w", encoding="utf-8") as f:
+        f.write(to_text(net))
+    for field in ("train_net", "net", "train_net_param", "net_param", "test_net",
+                  "test_net_param", "test_iter", "test_state"):
+        solver.clear(field)
+    solver.net = net_path
+    solver.test_interval = 0
+    solver.test_initialization = False
+    solver.snapshot = 0
+    solver.snapshot_after_train = False
+    solver.max_iter = int(max_iter)
+    solver.display = int(max_iter)
+    solver.comm = comm_block(solver, codec, asynchronous, processes_per_node)
+    solver_out = os.path.join(os.path.abspath(run_dir), "solver.prototxt")
+    with open(solver_out, "w", encoding="utf-8") as f:
+        f.write(to_text(solver))
+    return solver_out
+
+
+# --- running ---------------------------------------------------------------------------------
+def train_command(p, solver, log_paths, python=sys.executable, mpiexec="mpiexec"):
+    """argv of one P-rank training job, one timing log per rank (MPMD form, see the docstring)."""
+    cmd = [mpiexec]
+    for rank in range(p):
+        if rank:
+            cmd.append(":")
+        cmd += ["-n", "1", python, "-m", "engine.cli", "train", "--solver", solver,
+                "--timing-log", log_paths[rank]]
+    return cmd
+
+
+def run_job(cmd, timeout, log_file):
+    """Run ``cmd`` with stdout+stderr to ``log_file``; kill its process group after ``timeout`` s.
+
+    Raises CaffeError naming the command and showing the log's tail on failure or timeout.
+    """
+    env = dict(os.environ)
+    env["PYTHONPATH"] = REPO + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    with open(log_file, "w", encoding="utf-8") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env,
+                                start_new_session=True)
+        try:
+            rc = proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            # mpiexec and its ranks share the new session's process group.
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            rc = None
+    if rc != 0:
+        with open(log_file, encoding="utf-8", errors="replace") as f:
+            tail = "".join(f.readlines()[-15:])
+        what = f"timed out after {timeout} s" if rc is None else f"exited with status {rc}"
+        raise CaffeError(f"{' '.join(cmd)}\n{what}; last lines of {log_file}:\n{tail}")
+
+
+def read_timing_log(path):
+    """Records of one timing log (JSON lines), in file order."""
+    records = []
+    with open(path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            if line.strip():
+                try:
+                    records.append(json.loads(line))
+                except json.JSONDecodeError as e:
+                    raise CaffeError(f"{path}:{lineno}: not a JSON timing record: {e.msg}") from None
+    return records
+
+
+def iteration_walls(records, skip):
+    """{iteration: slowest rank's wall seconds} for iterations ≥ ``skip`` (warm-up dropped).
+
+    The ranks meet in the gradient sum every iteration, so the job advances at the pace of the
+    slowest rank.
+    """
+    walls = {}
+    for r in records:
+        if r["iteration"] >= skip:
+            walls[r["iteration"]] = max(walls.get(r["iteration"], 0.0), r["wall"])
+    return walls
+
+
+def run_point(args, p, codec, asynchronous, batch):
+    """Train once on ``p`` processes; return (mean iteration seconds, iterations, run folder)."""
+    ppn = min(args.processes_per_node, p) if args.processes_per_node else 0
+    if ppn and p % ppn:
+        raise CaffeError(f"--processes-per-node {ppn} does not divide p = {p}")
+    # p = 1 has no exchange at all: one baseline run whatever the codec.
+    tag = "p1" if p == 1 else f"p{p}_{codec}_{'async' if asynchronous else 'sync'}"
+    run_dir = os.path.join(args.out, tag)
+    solver = write_run_prototxts(args.solver, run_dir, batch, codec, asynchronous, ppn,
+                                 args.max_iter, emulate_spec(args.emulate))
+    logs = [os.path.join(run_dir, f"timing.r{rank}.jsonl") for rank in range(p)]
+    cmd = train_command(p, solver, logs, args.python, args.mpiexec)
+    print(f"[{tag}] {' '.join(cmd[:8])} ...", flush=True)
+    run_job(cmd, args.timeout, os.path.join(run_dir, "train.log"))
+    records = [rec for path in logs for rec in read_timing_log(path)]
+    walls = iteration_walls(records, args.skip)
+    if not walls:
+        raise CaffeError(f"{run_dir}: no timing records after skipping {args.skip} iteration(s); "
+                         f"raise --max-iter")
+    return sum(walls.values()) / len(walls), len(walls), run_dir, ppn
+
+
+# --- the sweep, its CSV and its plot (seed figure 7) -----------------------------------------
+def build_parser(description, mode):
+    import argparse
+    ap = argparse.ArgumentParser(description=description)
+    ap.add_argument("--solver", default=os.path.join(REPO, "prototxt", "gru", "solver_small.prototxt"),
+                    help="solver prototxt to copy (default: the small GRU net)")
+    ap.add_argument("--out", required=True, help="output folder (run copies, logs, CSV, PNG)")
+    ap.add_argument("--procs", type=int_list, default=[1, 2, 4], help="process counts, e.g. 1,2,4")
+    ap.add_argument("--codecs", type=codec_list, default=["fp32", "fp8"],
+                    help="exchange codecs (fp32/float32, fp16/half, fp8, ...)")
+    ap.add_argument("--async", dest="async_modes", type=bool_list, default=[False],
+                    help="communication modes: false, true or false,true (comm.async)")
+    ap.add_argument("--processes-per-node", type=int, default=2,
+                    help="comm.processes_per_node: p=4 with 2 is two emulated nodes of 2 (0: auto)")
+    ap.add_argument("--max-iter", type=int, default=20, help="iterations per run")
+    ap.add_argument("--skip", type=int, default=3, help="warm-up iterations left out of the means")
+    if mode == "weak":
+        ap.add_argument("--batch", type=int, default=0,
+                        help="per-process batch (default: the net's own)")
+    else:
+        ap.add_argument("--global-batch", type=int, default=0,
+                        help="global batch, divided by p (default: the net's own batch)")
+    ap.add_argument("--emulate", default="",
+                    help="EmulatedCompute after layers: LAYER=FWD_MS:BWD_MS,... (GPU-like compute)")
+    ap.add_argument("--timeout", type=float, default=300, help="seconds per run before it is killed")
+    ap.add_argument("--python", default=sys.executable, help="python that runs engine.cli")
+    ap.add_argument("--mpiexec", default=_default_mpiexec(), help="mpiexec to launch with")
+    ap.add_argument("--title", default="", help="plot title")
+    return ap
+
+
+def _default_mpiexec():
+    """The mpiexec next to this python (the venv's mpich wheel), else the one on PATH."""
+    here = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+    return here if os.path.exists(here) else "mpiexec"
+
+
+def batch_for(mode, args, net_batch, p):
+    """Per-process batch of a run on p processes: fixed (weak) or global / p (strong)."""
+    if mode == "weak":
+        return args.batch or net_batch
+    total = args.global_batch or net_batch
+    if total % p:
+        raise CaffeError(f"global batch {total} is not divisible by p = {p} (strong scaling)")
+    return total // p
+
+
+def sweep(args, mode):
+    """Run every (codec, async, p); return (CSV rows, failures).
+
+    p = 1 is the seed's baseline (one process, no MPI communication at all), so it runs once and
+    heads every series; speedup = throughput / baseline throughput.
+    """
+    _, net = load_train_net(args.solver)
+    net_batch = net_batch_size(net)
+    procs = sorted(set([1] + list(args.procs)))
+    rows, failures = [], []
+    b1 = batch_for(mode, args, net_batch, 1)
+    t1, n1, dir1, _ = run_point(args, 1, args.codecs[0], False, b1)
+    base = b1 / t1
+    for codec in args.codecs:
+        for asynchronous in args.async_modes:
+            for p in procs:
+                batch = batch_for(mode, args, net_batch, p)
+                try:
+                    t, n, run_dir, ppn = (t1, n1, dir1, 0) if p == 1 else \
+                        run_point(args, p, codec, asynchronous, batch)
+                except CaffeError as e:
+                    failures.append((p, codec, asynchronous, str(e)))
+                    print(f"FAILED p={p} codec={codec} async={asynchronous}:\n{e}", file=sys.stderr)
+                    continue
+                rows.append({"mode": mode, "p": p, "codec": codec, "async": asynchronous,
+                             "processes_per_node": ppn, "batch_per_process": batch,
+                             "global_batch": batch * p, "iterations": n, "mean_iter_s": t,
+                             "throughput_samples_s": batch * p / t,
+                             "speedup": batch * p / t / base,
+                             "run_dir": os.path.relpath(run_dir, args.out)})
+    return rows, failures
+
+
+def write_csv(rows, path, fields=CSV_FIELDS):
+    with open(path, "w", newline="", encoding="utf-8") as f:
+        w = csv.DictWriter(f, fieldnames=list(fields))
+        w.writeheader()
+        for row in rows:
+            w.writerow({k: (f"{v:.6g}" if isinstance(v, float) else v) for k, v in row.items()})
+
+
+def plot_scaling(rows, path, title=""):
+    """Throughput and speedup vs processes, one line per (codec, async); ideal speedup = p."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, (ax_t, ax_s) = plt.subplots(1, 2, figsize=(10, 4))
+    series = {}
+    for row in rows:
+        series.setdefault((row["codec"], row["async"]), []).append(row)
+    for (codec, asynchronous), pts in series.items():
+        pts = sorted(pts, key=lambda r: r["p"])
+        label = codec + (" A" if asynchronous else "")
+        ps = [r["p"] for r in pts]
+        style = "--" if codec == "fp8" else "-"
+        ax_t.plot(ps, [r["throughput_samples_s"] for r in pts], style, marker="o", label=label)
+        ax_s.plot(ps, [r["speedup"] for r in pts], style, marker="o", label=label)
+    all_p = sorted({r["p"] for r in rows})
+    ax_s.plot(all_p, all_p, ":", color="grey", label="ideal")
+    for ax, ylabel in ((ax_t, "throughput (samples/s)"), (ax_s, "speedup vs 1 process")):
+        ax.set_xlabel("processes")
+        ax.set_ylabel(ylabel)
+        ax.set_xticks(all_p)
+        ax.grid(alpha=0.3)
+        ax.legend()
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def scaling_main(argv, mode, description):
+    """Entry point shared by weak_scaling.py and strong_scaling.py."""
+    args = build_parser(description, mode).parse_args(argv)
+    os.makedirs(args.out, exist_ok=True)
+    try:
+        rows, failures = sweep(args, mode)
+    except CaffeError as e:
+        print(f"{mode}_scaling: error: {e}", file=sys.stderr)
+        return 1
+    csv_path = os.path.join(args.out, f"{mode}_scaling.csv")
+    png_path = os.path.join(args.out, f"{mode}_scaling.png")
+    write_csv(rows, csv_path)
+    plot_scaling(rows, png_path, args.title or f"{mode} scaling: {os.path.basename(args.solver)}")
+    for row in rows:
+        print(f"p={row['p']} {row['codec']:5s} async={str(row['async']).lower():5s} "
+              f"{row['mean_iter_s'] * 1e3:9.3f} ms/iter {row['throughput_samples_s']:10.1f} "
+              f"samples/s speedup {row['speedup']:.3f}")
+    print(f"wrote {csv_path} and {png_path}")
+    return 1 if failures else 0
