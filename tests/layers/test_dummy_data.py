@@ -73,3 +73,16 @@ def test_legacy_dims():
 def test_errors_name_layer(body, pattern):
     with pytest.raises(LayerError, match=f"layer 'dd'.*{pattern}"):
         setup(dummy_text(body))
+
+
+@pytest.mark.gpu
+def test_gpu_tops_are_filled_on_device():
+    layer = make(dummy_text('shape { dim: 2 dim: 3 } data_filler { type: "constant" value: 3 } '
+                            'data_filler { type: "uniform" min: 1 max: 2 }'))
+    top = tops(2, xp=backend.cupy)
+    layer.setup([], top)
+    layer.forward([], top)
+    assert all(isinstance(t.data, backend.cupy.ndarray) for t in top)
+    numpy.testing.assert_array_equal(backend.to_numpy(top[0].data), numpy.full((2, 3), 3.0))
+    host = backend.to_numpy(top[1].data)
+    assert numpy.all((host >= 1) & (host < 2))
