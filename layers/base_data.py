@@ -63,26 +63,66 @@ class BaseDataLayer(Layer):
     def load_batch(self):
         raise NotImplementedError
 
+    def cursor_state(self):
+        """JSON-able position of the reader (after the batches produced so far)."""
+        raise NotImplementedError
+
+    def restore_cursor(self, state):
+        """Go back to a position returned by ``cursor_state``."""
+        raise NotImplementedError
+
     # --- Layer contract ------------------------------------------------------------------------
     def layer_setup(self, bottom, top):
         self.rank, self.world = int(self.rank), int(self.world)
         if not (self.world >= 1 and 0 <= self.rank < self.world):
             raise self.error(f"invalid shard rank {self.rank} of world {self.world}")
-        # one draw from the process generator, on the main thread, in layer order: reproducible
-        self.rng = numpy.random.default_rng(int(backend.rng().integers(1 << 63)))
+        # one draw from the process generator, on the main thread, in layer order: reproducible.
+        # Two streams, as Caffe has: crop/mirror coins, and shuffling (kept apart so that a
+        # resumed run can redraw an epoch's order without replaying every transform).
+        seq = numpy.random.SeedSequence(int(backend.rng().integers(1 << 63)))
+        transform_seq, shuffle_seq = seq.spawn(2)
+        self.rng = numpy.random.default_rng(transform_seq)
+        self.shuffle_rng = numpy.random.default_rng(shuffle_seq)
         self.top_shapes = [tuple(s) for s in self.data_setup(top)]
-        self._prefetcher = Prefetcher(self.load_batch, self.name, self.prefetch)
+        self._consumed = self._state()
+        self._prefetcher = Prefetcher(self._produce, self.name, self.prefetch)
 
     def reshape(self, bottom, top):
         for blob, shape in zip(top, self.top_shapes):
             blob.reshape(shape)
 
     def forward(self, bottom, top):
-        batch = self._prefetcher.next()
+        batch, self._consumed = self._prefetcher.next()
         for blob, host in zip(top, batch):
             if blob.shape != host.shape:
                 blob.reshape(host.shape)
             blob.data[...] = backend.to_device(host, like=blob.data)
+
+    # --- exact resume (saved in solver snapshots by the trainer) -------------------------------
+    def _state(self):
+        return {"type": self.type, "rank": self.rank, "world": self.world,
+                "rng": self.rng.bit_generator.state, **self.cursor_state()}
+
+    def _produce(self):
+        """Runs on the prefetch thread: a batch and the reader state right after it."""
+        batch = self.load_batch()
+        return batch, self._state()
+
+    def get_state(self):
+        """JSON-able reader state after the last batch handed to ``forward``."""
+        return self._consumed
+
+    def set_state(self, state):
+        """Continue exactly after the batch at which ``state`` was taken (same data, same shard)."""
+        mine = (self.type, self.rank, self.world)
+        theirs = (state.get("type"), state.get("rank"), state.get("world"))
+        if theirs != mine:
+            raise self.error(f"saved data state is for {theirs} (type, rank, world), not {mine}")
+        self._prefetcher.close()
+        self.rng.bit_generator.state = state["rng"]
+        self.restore_cursor(state)
+        self._consumed = state
+        self._prefetcher = Prefetcher(self._produce, self.name, self.prefetch)
 
     def close(self):
         """Stop the prefetch thread (and let subclasses release files)."""

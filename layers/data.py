@@ -84,7 +84,7 @@ class DataLayer(BaseDataLayer):
         self.txn = self.cursor = None
         self.index = -1  # key-order index of the record under the cursor
         if p.rand_skip:  # skip whole records of this rank, as Caffe's rand_skip does
-            for _ in range(int(self.rng.integers(p.rand_skip))):
+            for _ in range(int(self.shuffle_rng.integers(p.rand_skip))):
                 self._next_record()
         # shapes from the first record of this shard, read on a separate transaction
         with self.env.begin() as txn:
@@ -115,6 +115,21 @@ class DataLayer(BaseDataLayer):
                 raise DataError(f"LMDB '{self.source}' ended before record {self.index} "
                                 f"(it reported {self.count} entries)")
         return self.cursor.key(), self.cursor.value()
+
+    def cursor_state(self):
+        key = self.cursor.key().hex() if self.index >= 0 else None
+        return {"index": self.index, "key": key}
+
+    def restore_cursor(self, state):
+        self.index = int(state["index"])
+        if self.index < 0:
+            return
+        if self.cursor is None:
+            self.txn = self.env.begin(buffers=False)
+            self.cursor = self.txn.cursor()
+        if not self.cursor.set_key(bytes.fromhex(state["key"])):
+            raise DataError(f"LMDB '{self.source}' no longer holds record "
+                            f"{bytes.fromhex(state['key'])!r} of the saved data state")
 
     def _pixels(self, key, value):
         """(C×H×W array, label) of one record; errors name the LMDB and the key."""

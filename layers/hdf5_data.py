@@ -82,20 +82,36 @@ class HDF5DataLayer(BaseDataLayer):
             return rows.pop(), [tuple(d.shape[1:]) for d in sets]
 
     def _start_epoch(self):
+        self.epoch_rng = self.shuffle_rng.bit_generator.state
         self.order = numpy.arange(len(self.files))
         if self.shuffle:
-            self.rng.shuffle(self.order)
+            self.order = self.shuffle_rng.permutation(len(self.files))
         self.file_pos = 0
         self._load_file()
 
     def _load_file(self):
+        self.file_rng = self.shuffle_rng.bit_generator.state
         path, rows = self.files[self.order[self.file_pos]]
         with _open_h5(path, self.source) as f:
             self.current = [numpy.asarray(_dataset(f, path, n)[...])[rows] for n in self.names]
         self.rows = numpy.arange(len(rows))
         if self.shuffle:
-            self.rng.shuffle(self.rows)
+            self.rows = self.shuffle_rng.permutation(len(rows))
         self.row_pos = 0
+
+    def cursor_state(self):
+        return {"file_pos": self.file_pos, "row_pos": self.row_pos, "epoch_rng": self.epoch_rng,
+                "file_rng": self.file_rng, "shuffle_rng": self.shuffle_rng.bit_generator.state}
+
+    def restore_cursor(self, state):
+        """Redraw the epoch's file order and the current file's row order, then continue."""
+        self.shuffle_rng.bit_generator.state = state["epoch_rng"]
+        self._start_epoch()
+        self.file_pos = int(state["file_pos"])
+        self.shuffle_rng.bit_generator.state = state["file_rng"]
+        self._load_file()
+        self.row_pos = int(state["row_pos"])
+        self.shuffle_rng.bit_generator.state = state["shuffle_rng"]
 
     def load_batch(self):
         out = [numpy.empty(s, dtype=self.dtype) for s in self.top_shapes]

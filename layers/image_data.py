@@ -47,10 +47,10 @@ class ImageDataLayer(BaseDataLayer):
         self.shuffle = bool(p.shuffle)
         self.transformer = DataTransformer(transform_param_with_legacy(self.layer_param, p),
                                            self.phase, self.rng, where=f"layer '{self.name}'")
-        self.lines = self.shard_or_fail(parse_image_list(self.source), self.source)
-        if self.shuffle:
-            self.rng.shuffle(self.lines)
-        self.pos = int(self.rng.integers(p.rand_skip)) % len(self.lines) if p.rand_skip else 0
+        self.base = self.shard_or_fail(parse_image_list(self.source), self.source)
+        self._new_epoch()
+        if p.rand_skip:
+            self.pos = int(self.shuffle_rng.integers(p.rand_skip)) % len(self.lines)
         first = self.read(self.lines[self.pos])
         self.in_shape = first.shape
         c, h, w = self.transformer.output_shape((first.shape[2],) + first.shape[:2])
@@ -78,7 +78,24 @@ class ImageDataLayer(BaseDataLayer):
             label[i] = entry[1]
             self.pos += 1
             if self.pos == len(self.lines):  # epoch boundary
-                self.pos = 0
-                if self.shuffle:
-                    self.rng.shuffle(self.lines)
+                self._new_epoch()
         return data, label
+
+    def _new_epoch(self):
+        """Start an epoch: a fresh order of this rank's lines when shuffling."""
+        self.pos = 0
+        self.epoch_rng = self.shuffle_rng.bit_generator.state
+        if self.shuffle:  # always permute the file order, so an epoch is redrawn from one state
+            self.lines = [self.base[i] for i in self.shuffle_rng.permutation(len(self.base))]
+        else:
+            self.lines = self.base
+
+    def cursor_state(self):
+        return {"pos": self.pos, "epoch_rng": self.epoch_rng,
+                "shuffle_rng": self.shuffle_rng.bit_generator.state}
+
+    def restore_cursor(self, state):
+        self.shuffle_rng.bit_generator.state = state["epoch_rng"]
+        self._new_epoch()
+        self.pos = int(state["pos"])
+        self.shuffle_rng.bit_generator.state = state["shuffle_rng"]
