@@ -34,7 +34,7 @@ _HERE = os.path.dirname(os.path.abspath(__file__))
 _SOURCE = os.path.join(_HERE, "csrc", "kernels.c")
 _ABI_VERSION = 1                       # must equal C8_ABI_VERSION in kernels.c
 _PATH_BITS = (("avx512", 4), ("avx2", 2), ("portable", 1))
-_CFLAGS = ["-O3", "-std=c99", "-fPIC", "-shared"]
+_CFLAGS = ["-O3", "-std=c99", "-fno-trapping-math", "-fPIC", "-shared"]  # as in setup.py
 
 _lib = None
 _lib_file = None

@@ -9,6 +9,9 @@
  * c8_cpu_paths(): AVX-512 (F+BW+VL, vcvtph2ps/vcvtps2ph on 512-bit vectors), AVX2+F16C (the
  * seed's instructions, 256-bit), and portable C99. SIMD bodies use function-level target
  * attributes, so one file builds with plain `cc -O3` everywhere and never needs -march=native.
+ * Build flags: -O3 -fno-trapping-math (lets gcc if-convert and vectorise the branch-free portable
+ * loops; nothing here reads FP exception flags). Never -ffast-math: the rounding tricks below need
+ * IEEE nearest-even additions and no reassociation.
  *
  * Why sums go through float32 and then half: a + b of two fp8 (3 significant bits) or two halves
  * (11 bits) rounded to float32 (24 bits) and then to the narrower format equals a single
@@ -54,39 +57,37 @@ static float half_to_float(uint16_t h)
     return bits_f32(sign | ((e + 112u) << 23) | (m << 13));
 }
 
-/* float -> half bits, round to nearest even; overflow gives inf (callers saturate). */
+/* float -> half bits, round to nearest even; overflow gives inf (callers saturate).
+ * Branch-free (selects only), so that compilers vectorise the portable loops. */
 static uint16_t float_to_half_rne(float f)
 {
     uint32_t u = f32_bits(f);
-    uint16_t sign = (uint16_t)((u >> 16) & 0x8000u);
+    uint32_t sign = (u >> 16) & 0x8000u;
     uint32_t a = u & 0x7FFFFFFFu;
-    if (a > 0x7F800000u) return (uint16_t)(sign | 0x7E00u | ((a >> 13) & 0x3FFu));  /* NaN */
-    if (a >= 0x477FF000u) return (uint16_t)(sign | 0x7C00u);     /* >= 65520: rounds to inf */
-    if (a < 0x38800000u) {                          /* below 2^-14: half subnormal or zero */
-        /* Adding 0.5 puts the half quantum 2^-24 at float's last place: the FPU rounds. */
-        float t = bits_f32(a) + 0.5f;
-        return (uint16_t)(sign | (f32_bits(t) - 0x3F000000u));
-    }
-    a += 0xFFFu + ((a >> 13) & 1u);                  /* nearest even at bit 13 */
-    return (uint16_t)(sign | ((a >> 13) - (112u << 10)));
+    /* below 2^-14 (half subnormal or zero): adding 0.5 puts the half quantum 2^-24 at float's
+     * last place, and the FPU rounds to nearest even */
+    uint32_t sub = f32_bits(bits_f32(a) + 0.5f) - 0x3F000000u;
+    uint32_t nrm = ((a + 0xFFFu + ((a >> 13) & 1u)) >> 13) - (112u << 10);   /* even at bit 13 */
+    uint32_t h = a < 0x38800000u ? sub : nrm;
+    h = a >= 0x477FF000u ? 0x7C00u : h;                  /* >= 65520 rounds to inf */
+    h = a > 0x7F800000u ? (0x7E00u | ((a >> 13) & 0x3FFu)) : h;               /* NaN */
+    return (uint16_t)(sign | h);
 }
 
 /* float -> fp8, round to nearest even at fp8 precision (one rounding), saturating. */
 static uint8_t float_to_fp8_rne(float f)
 {
     uint32_t u = f32_bits(f);
-    uint8_t sign = (uint8_t)((u >> 24) & 0x80u);
-    uint32_t a = u & 0x7FFFFFFFu, c;
-    if (a > 0x7F800000u) return (uint8_t)(sign | 0x7Eu);                    /* NaN */
-    if (a < 0x38800000u) {                          /* below 2^-14: fp8 subnormal or zero */
-        float t = bits_f32(a) + 128.0f;             /* quantum 2^-16 at float's last place */
-        c = f32_bits(t) - 0x43000000u;
-    } else {
-        a += 0xFFFFFu + ((a >> 21) & 1u);            /* nearest even at bit 21 */
-        c = (a >> 21) - (112u << 2);
-    }
-    if (c > 0x7Bu) c = 0x7Bu;                        /* saturate (inf included) to 57344 */
-    return (uint8_t)(sign | c);
+    uint32_t sign = (u >> 24) & 0x80u;
+    uint32_t a = u & 0x7FFFFFFFu;
+    /* below 2^-14: adding 128 puts fp8's subnormal quantum 2^-16 at float's last place */
+    uint32_t sub = f32_bits(bits_f32(a) + 128.0f) - 0x43000000u;
+    uint32_t nrm = ((a + 0xFFFFFu + ((a >> 21) & 1u)) >> 21) - (112u << 2);  /* even at bit 21 */
+    /* |f| >= 61440 (the 57344/65536 midpoint, a tie that goes to the even 65536) overflows:
+     * saturate, inf included. Tests on the input (not a min on the code) keep gcc vectorising. */
+    nrm = a >= 0x47700000u ? 0x7Bu : nrm;
+    nrm = a > 0x7F800000u ? 0x7Eu : nrm;                 /* NaN */
+    return (uint8_t)(sign | (a < 0x38800000u ? sub : nrm));
 }
 
 /* Half bits -> fp8, round to nearest even (the low byte decides), inf saturates. */

@@ -1,0 +1,101 @@
+"""Throughput of the host fp8/half kernels on every CPU path, in G elements per second.
+
+    python scripts/bench_kernels.py [--n 16777216] [--repeat 7] [--csv runs/bench_kernels.csv]
+
+Each row is one operation on one path (single thread, best of --repeat runs, arrays of --n
+elements): fp8 sum (dst = sat(src + dst), the MPI op), half sum, float32 -> fp8 encode (nearest and
+truncate), fp8 -> float32 decode. NumPy rows for comparison: float32 and float16 in-place add
+(what MPI_SUM / a NumPy half op would do per element) and ml_dtypes' float32 -> float8_e5m2 cast.
+"""
+import argparse
+import csv
+import os
+import platform
+import sys
+import time
+
+import numpy
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from comm import kernels  # noqa: E402
+
+
+def best_seconds(fn, repeat):
+    """Shortest wall time of ``repeat`` calls (after one warm-up call)."""
+    fn()
+    best = float("inf")
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def kernel_ops(n, rng):
+    """(name, callable) pairs for the current kernels path on fresh random data."""
+    codes = rng.integers(0, 256, n, dtype=numpy.uint8)
+    codes[(codes & 0x7C) == 0x7C] = 0x3C                      # finite inputs, as in training
+    dst8 = numpy.roll(codes, 1)
+    halves = rng.standard_normal(n).astype(numpy.float16)
+    dst16 = numpy.roll(halves, 1)
+    x = rng.standard_normal(n).astype(numpy.float32)
+    out8 = numpy.empty(n, numpy.uint8)
+    out32 = numpy.empty(n, numpy.float32)
+    return [
+        ("fp8_sum", lambda: kernels.fp8_sum(codes, dst8)),
+        ("half_sum", lambda: kernels.half_sum(halves, dst16)),
+        ("encode_nearest", lambda: kernels.encode_fp8(x, out8, scale=3.0)),
+        ("encode_truncate", lambda: kernels.encode_fp8(x, out8, scale=3.0, rounding="truncate")),
+        ("decode", lambda: kernels.decode_fp8(codes, out32, scale=0.5)),
+    ]
+
+
+def numpy_ops(n, rng):
+    """Plain NumPy reference operations."""
+    a32 = rng.standard_normal(n).astype(numpy.float32)
+    b32 = a32[::-1].copy()
+    a16, b16 = a32.astype(numpy.float16), b32.astype(numpy.float16)
+    ops = [("float32_add", lambda: numpy.add(a32, b32, out=b32)),
+           ("float16_add", lambda: numpy.add(a16, b16, out=b16))]
+    try:
+        import ml_dtypes
+        ops.append(("ml_dtypes_encode", lambda: a32.astype(ml_dtypes.float8_e5m2)))
+    except ImportError:
+        pass
+    return ops
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--n", type=int, default=1 << 24, help="elements per array")
+    ap.add_argument("--repeat", type=int, default=7)
+    ap.add_argument("--csv", default=os.path.join("runs", "bench_kernels.csv"))
+    args = ap.parse_args(argv)
+
+    rng = numpy.random.default_rng(0)
+    rows = []
+    saved = kernels.current_path()
+    for path in kernels.paths():
+        kernels.use_path(path)
+        for op, fn in kernel_ops(args.n, rng):
+            rows.append((path, op, args.n / best_seconds(fn, args.repeat) / 1e9))
+    kernels.use_path(saved)
+    for op, fn in numpy_ops(args.n, rng):
+        rows.append(("numpy-op", op, args.n / best_seconds(fn, args.repeat) / 1e9))
+
+    print(f"# {platform.processor() or platform.machine()}, n = {args.n}, best of {args.repeat},"
+          f" library {kernels.library_file()}")
+    print(f"{'path':<10} {'operation':<18} {'G elem/s':>9}")
+    for path, op, rate in rows:
+        print(f"{path:<10} {op:<18} {rate:9.3f}")
+    if args.csv:
+        os.makedirs(os.path.dirname(args.csv) or ".", exist_ok=True)
+        with open(args.csv, "w", newline="") as f:
+            w = csv.writer(f)
+            w.writerow(["path", "operation", "n", "g_elements_per_s"])
+            w.writerows((p, o, args.n, f"{r:.4f}") for p, o, r in rows)
+        print(f"wrote {args.csv}")
+
+
+if __name__ == "__main__":
+    main()
