@@ -67,13 +67,12 @@ def cmd_train(args):
         raise CaffeError("give either --snapshot or --weights, not both")
     factory = None
     if world.size > 1:
-        from comm.exchange import GradientExchange
-        factory = GradientExchange
+        factory = make_exchange
     timing = None
     if args.timing_log:
         from engine.timing import TimingLog
         timing = TimingLog(args.timing_log, world.rank)
-    _prepare_bundled_data(args.solver, log)
+    _prepare_bundled_data(args.solver, world, log)
     trainer = Trainer(args.solver, world=world, log=log, exchange_factory=factory, timing=timing)
     if timing is not None:
         timing.attach(trainer)
@@ -84,11 +83,21 @@ def cmd_train(args):
     finally:
         if progress is not None:
             progress.close()
+        if trainer.exchange is not None:
+            trainer.exchange.close()
         if timing is not None:
             timing.close()
     log("Optimization Done.")
     log.close()
     return 0
+
+
+def make_exchange(world, comm_param, net):
+    """The solver's ``comm`` block → a per-layer exchange, on a thread when ``async: true``."""
+    from comm.comm_thread import LayerwiseExchange
+    from comm.exchange import GradientExchange
+    return LayerwiseExchange(GradientExchange(world, comm_param, net), net,
+                             asynchronous=getattr(comm_param, "async"))
 
 
 def _progress_bar(world, trainer):
@@ -100,11 +109,18 @@ def _progress_bar(world, trainer):
                 dynamic_ncols=True, leave=False)
 
 
-def _prepare_bundled_data(solver_path, log):
-    """The digits demo prepares its data on first use (no download: scikit-learn ships it)."""
-    if os.path.basename(os.path.dirname(os.path.abspath(solver_path))) == "digits":
-        from engine.datasets import ensure_digits
+def _prepare_bundled_data(solver_path, world, log):
+    """The digits demo prepares its data on first use (no download: scikit-learn ships it).
+
+    Rank 0 writes it while the others wait, so ranks never race on the same files.
+    """
+    if os.path.basename(os.path.dirname(os.path.abspath(solver_path))) != "digits":
+        return
+    from engine.datasets import ensure_digits
+    if world.rank == 0:
         ensure_digits(log=log)
+    if world.size > 1:
+        world.comm.Barrier()
 
 
 def cmd_test(args):
@@ -170,7 +186,25 @@ def build_parser():
     return ap
 
 
+def limit_blas_threads():
+    """Under mpiexec, split the cores among the ranks of this node instead of oversubscribing
+    them (OpenBLAS would start one thread per core in every rank). Must run before NumPy loads;
+    the user's own settings win."""
+    if not launched_by_mpiexec():
+        return
+    try:
+        local = int(os.environ.get("MPI_LOCALNRANKS") or os.environ.get("OMPI_COMM_WORLD_LOCAL_SIZE") or 0)
+    except ValueError:
+        local = 0
+    if local <= 0:
+        return
+    threads = str(max(1, (os.cpu_count() or 1) // local))
+    for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ.setdefault(var, threads)
+
+
 def main(argv=None):
+    limit_blas_threads()
     args = build_parser().parse_args(argv)
     try:
         return args.fn(args)

@@ -165,7 +165,7 @@ class Trainer:
             t0 = time.perf_counter()
             if self.timing is not None:
                 self.timing.begin_iteration()
-            loss = sum(self.net.forward_backward() for _ in range(p.iter_size)) / p.iter_size
+            loss = sum(self._forward_backward(k == p.iter_size - 1) for k in range(p.iter_size)) / p.iter_size
             self._update_smoothed_loss(loss, start_iter)
             if p.display and self.iter % p.display == 0:
                 now = time.perf_counter()
@@ -185,8 +185,26 @@ class Trainer:
                 self.timing.end_iteration(self.iter - 1, time.perf_counter() - t0, wait)
             if progress is not None:
                 progress.update(1)
+            self._consistency_check()
             if p.snapshot and self.iter % p.snapshot == 0:
                 self.snapshot()
+
+    def _forward_backward(self, last_pass):
+        if self.exchange is not None:
+            self.exchange.begin_pass(last_pass)
+        return self.net.forward_backward()
+
+    def _consistency_check(self):
+        """Every K iterations all ranks compare a checksum of their parameters (SPEC §6)."""
+        k = self.param.comm.consistency_check_interval
+        if not k or self.exchange is None or self.iter % k:
+            return
+        if self.exchange.checksum_check():
+            self.log(f"Iteration {self.iter}, consistency check: parameters bit-identical "
+                     f"on all {self.world.size} ranks")
+        else:
+            raise CaffeError(f"iteration {self.iter}: consistency check failed: parameters "
+                             f"differ between ranks")
 
     def _update_smoothed_loss(self, loss, start_iter):
         n = self.param.average_loss

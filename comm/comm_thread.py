@@ -1,0 +1,108 @@
+"""Per-layer gradient exchange, synchronous or on a communication thread (SPEC §3.6).
+
+``LayerwiseExchange`` wraps a ``GradientExchange``. In asynchronous mode one communication
+thread owns all MPI traffic during backward: the Net's backward hook hands it each layer's
+tensors the moment that layer's backward is done, and the compute thread goes on with the
+previous layer; ``exchange_all()`` (the solver's "gradients ready") waits until every layer is
+through. Only that thread calls MPI while backward runs, which is what MPI_THREAD_SERIALIZED
+permits. Each tensor is exchanged independently of the others, so the asynchronous and
+synchronous orders give bit-identical results.
+
+Shared parameters are exchanged after the *last* layer that accumulates into them (the lowest
+layer index, since backward runs in reverse), and only during the last of ``iter_size`` passes.
+"""
+import queue
+import threading
+import time
+
+from engine.errors import CaffeError
+
+
+def build_schedule(layer_param_slices):
+    """{layer index: [slices]} — each distinct slice at the lowest layer index that uses it."""
+    owner = {}
+    for i in sorted(layer_param_slices):
+        for _, sl in layer_param_slices[i]:
+            owner.setdefault((sl.start, sl.stop), (i, sl))
+    schedule = {}
+    for i, sl in owner.values():
+        schedule.setdefault(i, []).append(sl)
+    return schedule
+
+
+class LayerwiseExchange:
+    """Drives ``exchange.exchange_tensor`` per layer; records per-layer communication times.
+
+    ``timings``: {layer index: {"comm": seconds}} of the last iteration (read by the timing log).
+    """
+
+    def __init__(self, exchange, net, asynchronous=True):
+        self.exchange = exchange
+        self.net = net
+        self.asynchronous = bool(asynchronous)
+        self.schedule = build_schedule(net.layer_param_slices)
+        self.timings = {}
+        self._armed = False
+        self._error = None
+        self.quantile_interval = getattr(exchange.codec, "quantile_interval", 1)
+        if self.asynchronous:
+            self._queue = queue.Queue()
+            self._thread = threading.Thread(target=self._run, name="caffe8-comm", daemon=True)
+            self._thread.start()
+            net.add_backward_hook(self._on_backward)
+
+    # --- compute-thread side -------------------------------------------------------------------
+    def begin_pass(self, last):
+        """Called before each forward/backward pass; only the last of iter_size is exchanged."""
+        self._armed = self.asynchronous and last
+        if last:
+            self.timings = {}
+
+    def _on_backward(self, layer_index, layer):
+        if self._armed and layer_index in self.schedule:
+            self._queue.put(layer_index)
+
+    def exchange_all(self):
+        """Gradients ready: wait for (async) or run (sync) every layer's exchange."""
+        if self.asynchronous:
+            self._queue.join()
+            self._armed = False
+            if self._error is not None:
+                index, exc = self._error
+                self._error = None
+                name = self.net.layers[index].name
+                raise CaffeError(f"gradient exchange of layer '{name}' failed: "
+                                 f"{type(exc).__name__}: {exc}") from exc
+        else:
+            for index in sorted(self.schedule, reverse=True):
+                self._exchange_layer(index)
+        self.exchange.end_iteration()
+
+    # --- communication-thread side -------------------------------------------------------------
+    def _exchange_layer(self, index):
+        t = time.perf_counter()
+        for sl in self.schedule[index]:
+            self.exchange.exchange_tensor(sl)
+        self.timings[index] = {"comm": time.perf_counter() - t}
+
+    def _run(self):
+        while True:
+            index = self._queue.get()
+            try:
+                if index is None:
+                    return
+                if self._error is None:  # after a failure, drain without more MPI traffic
+                    self._exchange_layer(index)
+            except BaseException as exc:  # surfaces in the compute thread with the layer name
+                self._error = (index, exc)
+            finally:
+                self._queue.task_done()
+
+    def checksum_check(self):
+        return self.exchange.checksum_check()
+
+    def close(self):
+        if self.asynchronous and self._thread.is_alive():
+            self._queue.put(None)
+            self._thread.join(timeout=10)
+        self.exchange.free()
