@@ -95,9 +95,11 @@ class DataTransformer:
                 w_off = (w - self.crop_size) // 2
         return do_mirror, h_off, w_off
 
-    def transform(self, image, layout="CHW", out=None):
+    def transform(self, image, layout="CHW", out=None, choices=None):
         """Transform one uint8/float image (``layout`` "CHW" or "HWC"; 2-D means one channel)
-        into a float32 (C, H', W') array, written into ``out`` when given."""
+        into a float32 (C, H', W') array, written into ``out`` when given. ``choices``: the
+        (mirror, h_off, w_off) of an earlier ``draw`` (decoding threads draw in record order
+        first, then transform in parallel); None draws now."""
         x = numpy.asarray(image)
         if x.ndim == 2:
             x = x[None] if layout == "CHW" else x[:, :, None]
@@ -107,7 +109,7 @@ class DataTransformer:
             raise ValueError(f"layout must be 'CHW' or 'HWC', got {layout!r}")
         c, h, w = x.shape
         mean = self._mean_for(c, h, w)
-        do_mirror, h_off, w_off = self.draw(h, w)
+        do_mirror, h_off, w_off = self.draw(h, w) if choices is None else choices
         if self.crop_size:
             window = (slice(None), slice(h_off, h_off + self.crop_size),
                       slice(w_off, w_off + self.crop_size))

@@ -143,14 +143,21 @@ class DataLayer(BaseDataLayer):
     def load_batch(self):
         data = numpy.empty(self.top_shapes[0], dtype=self.dtype)
         label = numpy.empty((self.batch_size,), dtype=self.dtype)
-        for i in range(self.batch_size):
+        jobs = []
+        for i in range(self.batch_size):  # cursor and random draws in record order
             key, value = self._next_record()
-            pixels, label[i] = self._pixels(key, value)
-            if pixels.shape != self.in_shape:
-                raise DataError(f"LMDB '{self.source}' record {key.decode(errors='replace')!r} "
-                                f"is {pixels.shape} (C×H×W) but the batch is {self.in_shape}")
-            self.transformer.transform(pixels, "CHW", out=data[i])
+            jobs.append((i, key, value, self.transformer.draw(*self.in_shape[1:])))
+        for i, lab in enumerate(self.map_ordered(lambda job: self._decode_into(data, *job), jobs)):
+            label[i] = lab
         return (data, label)[:len(self.top_shapes)]
+
+    def _decode_into(self, data, i, key, value, choices):
+        pixels, lab = self._pixels(key, value)
+        if pixels.shape != self.in_shape:
+            raise DataError(f"LMDB '{self.source}' record {key.decode(errors='replace')!r} "
+                            f"is {pixels.shape} (C×H×W) but the batch is {self.in_shape}")
+        self.transformer.transform(pixels, "CHW", out=data[i], choices=choices)
+        return lab
 
     def close(self):
         super().close()

@@ -66,20 +66,25 @@ class ImageDataLayer(BaseDataLayer):
     def load_batch(self):
         data = numpy.empty(self.top_shapes[0], dtype=self.dtype)
         label = numpy.empty(self.top_shapes[1], dtype=self.dtype)
-        for i in range(self.batch_size):
+        jobs = []
+        for i in range(self.batch_size):  # cursor and random draws in record order
             entry = self.lines[self.pos]
-            img = self.read(entry)
-            if img.shape != self.in_shape:
-                raise DataError(f"image '{self.root + entry[0]}' (listed at {self.source}:"
-                                f"{entry[2]}) is {img.shape[0]}×{img.shape[1]}×{img.shape[2]} "
-                                f"(H×W×C) but the batch is {self.in_shape}; set new_height/"
-                                "new_width or crop_size")
-            self.transformer.transform(img, "HWC", out=data[i])
+            jobs.append((i, entry, self.transformer.draw(*self.in_shape[:2])))
             label[i] = entry[1]
             self.pos += 1
             if self.pos == len(self.lines):  # epoch boundary
                 self._new_epoch()
+        self.map_ordered(lambda job: self._decode_into(data, *job), jobs)
         return data, label
+
+    def _decode_into(self, data, i, entry, choices):
+        img = self.read(entry)
+        if img.shape != self.in_shape:
+            raise DataError(f"image '{self.root + entry[0]}' (listed at {self.source}:"
+                            f"{entry[2]}) is {img.shape[0]}×{img.shape[1]}×{img.shape[2]} "
+                            f"(H×W×C) but the batch is {self.in_shape}; set new_height/"
+                            "new_width or crop_size")
+        self.transformer.transform(img, "HWC", out=data[i], choices=choices)
 
     def _new_epoch(self):
         """Start an epoch: a fresh order of this rank's lines when shuffling."""

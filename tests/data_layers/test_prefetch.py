@@ -132,3 +132,30 @@ def test_layer_error_in_thread_names_layer(tmp_path):
     with pytest.raises(CaffeError, match=r"imagedata.*1.png.*list.txt:2"):
         layer.forward([], tops)
     layer.close()
+
+
+@pytest.mark.parametrize("kind", ["ImageData", "Data"])
+def test_decode_threads_do_not_change_batches(paths, kind):
+    text = layer_text(kind, paths, 5, "crop_size: 5 mirror: true", "")
+    runs = []
+    for threads in (1, 3):
+        backend.seed(8)
+        layer, tops = build(text, "TRAIN")
+        layer.decode_threads = threads
+        runs.append(batches(layer, tops, 5))
+        layer.close()
+    for (d, l), (d0, l0) in zip(*runs):
+        numpy.testing.assert_array_equal(d, d0)
+        numpy.testing.assert_array_equal(l, l0)
+
+
+def test_decode_threads_report_the_first_bad_record(tmp_path):
+    imgs, labels = small_digits(6)
+    p = write_all_forms(tmp_path, imgs, labels)
+    for k in (2, 4):
+        (tmp_path / "img" / f"{k}.png").write_bytes(b"broken")
+    layer, tops = build(layer_text("ImageData", p, 6), prefetch=0)
+    layer.decode_threads = 4
+    with pytest.raises(CaffeError, match=r"img/2.png.*list.txt:3"):
+        layer.forward([], tops)
+    layer.close()
