@@ -344,7 +344,7 @@ def write_csv(rows, path, fields=CSV_FIELDS):
         w = csv.DictWriter(f, fieldnames=list(fields))
         w.writeheader()
         for row in rows:
-            w.writerow({k: (f"{v:.6g}" if isinstance(v, float) else v) for k, v in row.items()})
+            w.writerow({k: (f"{v:.9g}" if isinstance(v, float) else v) for k, v in row.items()})
 
 
 def plot_scaling(rows, path, title=""):
