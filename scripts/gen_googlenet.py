@@ -138,14 +138,14 @@ def data_layers(flavour):
                 '    data_filler {\n      type: "constant"\n      value: 1\n    }\n'
                 "    shape {\n      dim: 2\n      dim: 3\n      dim: 64\n      dim: 64\n    }\n"
                 "    shape {\n      dim: 2\n    }\n  }\n}\n")
-    root = "examples/imagenet/ilsvrc12" if flavour == "bvlc" else "data/ilsvrc16"
+    root = "examples/imagenet/ilsvrc12_" if flavour == "bvlc" else "data/ilsvrc16/"
     out = []
     for phase, mirror, split, batch in (("TRAIN", "true", "train", 32), ("TEST", "false", "val", 50)):
         out.append(f'layer {{\n  name: "data"\n  type: "Data"\n  top: "data"\n  top: "label"\n'
                    f"  include {{\n    phase: {phase}\n  }}\n"
                    f"  transform_param {{\n    mirror: {mirror}\n    crop_size: 224\n"
                    "    mean_value: 104\n    mean_value: 117\n    mean_value: 123\n  }\n"
-                   f'  data_param {{\n    source: "{root}_{split}_lmdb"\n    batch_size: {batch}\n'
+                   f'  data_param {{\n    source: "{root}{split}_lmdb"\n    batch_size: {batch}\n'
                    "    backend: LMDB\n  }\n}\n")
     return "".join(out)
 
