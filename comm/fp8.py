@@ -73,7 +73,7 @@ def decode_numpy(b):
 
 
 # --- CuPy kernels -------------------------------------------------------------------------------
-_CUDA_PREAMBLE = r"""
+CUDA_PREAMBLE = r"""
 __device__ __forceinline__ unsigned int c8_f2u(float f) { return __float_as_uint(f); }
 __device__ __forceinline__ float c8_u2f(unsigned int u) { return __uint_as_float(u); }
 
@@ -116,30 +116,32 @@ __device__ __forceinline__ float c8_fp8_to_float(unsigned char b) {
 }
 """
 
+# name -> (inputs, outputs, body) of each fused ElementwiseKernel. Kept as data so that
+# tests/comm/test_fp8.py can also compile the same CUDA text as C on the host and check it.
+CUDA_KERNEL_SPECS = {
+    "encode_nearest": ("float32 x", "uint8 y", "y = c8_fp8_rne(x)"),
+    "encode_truncate": ("float32 x", "uint8 y", "y = c8_fp8_trunc(x)"),
+    "decode": ("uint8 b", "float32 y", "y = c8_fp8_to_float(b)"),
+    "encode_ratio_nearest": (
+        "float32 g, float32 w, float32 eps, float32 scale", "uint8 y",
+        "y = c8_fp8_rne(__fmul_rn(__fdiv_rn(g, __fadd_rn(fabsf(w), eps)), scale))"),
+    "encode_ratio_truncate": (
+        "float32 g, float32 w, float32 eps, float32 scale", "uint8 y",
+        "y = c8_fp8_trunc(__fmul_rn(__fdiv_rn(g, __fadd_rn(fabsf(w), eps)), scale))"),
+    "decode_ratio": (
+        "uint8 b, float32 w, float32 eps, float32 inv_scale", "float32 y",
+        "y = __fmul_rn(__fmul_rn(c8_fp8_to_float(b), inv_scale), __fadd_rn(fabsf(w), eps))"),
+}
+
 _kernels = {}
 
 
 def _cuda_kernel(name):
     """The named fused CuPy kernel, compiled on first use."""
     if name not in _kernels:
-        ek = backend.cupy.ElementwiseKernel
-        specs = {
-            "encode_nearest": ("float32 x", "uint8 y", "y = c8_fp8_rne(x)"),
-            "encode_truncate": ("float32 x", "uint8 y", "y = c8_fp8_trunc(x)"),
-            "decode": ("uint8 b", "float32 y", "y = c8_fp8_to_float(b)"),
-            "encode_ratio_nearest": (
-                "float32 g, float32 w, float32 eps, float32 scale", "uint8 y",
-                "y = c8_fp8_rne(__fmul_rn(__fdiv_rn(g, __fadd_rn(fabsf(w), eps)), scale))"),
-            "encode_ratio_truncate": (
-                "float32 g, float32 w, float32 eps, float32 scale", "uint8 y",
-                "y = c8_fp8_trunc(__fmul_rn(__fdiv_rn(g, __fadd_rn(fabsf(w), eps)), scale))"),
-            "decode_ratio": (
-                "uint8 b, float32 w, float32 eps, float32 inv_scale", "float32 y",
-                "y = __fmul_rn(__fmul_rn(c8_fp8_to_float(b), inv_scale),"
-                " __fadd_rn(fabsf(w), eps))"),
-        }
-        inp, out, body = specs[name]
-        _kernels[name] = ek(inp, out, body, "caffe8_fp8_" + name, preamble=_CUDA_PREAMBLE)
+        inp, out, body = CUDA_KERNEL_SPECS[name]
+        _kernels[name] = backend.cupy.ElementwiseKernel(inp, out, body, "caffe8_fp8_" + name,
+                                                        preamble=CUDA_PREAMBLE)
     return _kernels[name]
 
 

@@ -1,4 +1,8 @@
 """comm.fp8 against ml_dtypes.float8_e5m2 (an independent implementation) and numpy.float16."""
+import ctypes
+import shutil
+import subprocess
+
 import ml_dtypes
 import numpy
 import pytest
@@ -162,6 +166,84 @@ def test_public_encode_decode_on_every_host_path(path):
                                  ref_nearest(x / (numpy.abs(x) + numpy.float32(1e-5)) * 2))
     finally:
         kernels.use_path(before)
+
+
+# --- the CUDA kernel text, compiled as C on the host (checks its arithmetic without a GPU) ------
+_HOST_SHIM = r"""
+#include <math.h>
+#include <stddef.h>
+#include <string.h>
+#define __device__ static
+#define __forceinline__ inline
+static unsigned int __float_as_uint(float f) { unsigned int u; memcpy(&u, &f, 4); return u; }
+static float __uint_as_float(unsigned int u) { float f; memcpy(&f, &u, 4); return f; }
+static float __fadd_rn(float a, float b) { return a + b; }
+static float __fmul_rn(float a, float b) { return a * b; }
+static float __fdiv_rn(float a, float b) { return a / b; }
+"""
+_C_TYPES = {"float32": ("float", numpy.float32), "uint8": ("unsigned char", numpy.uint8)}
+
+
+def _params(text):
+    return [(_C_TYPES[t][0], name, _C_TYPES[t][1])
+            for t, name in (p.split() for p in text.split(","))]
+
+
+def _host_kernel_source():
+    parts = [_HOST_SHIM, fp8.CUDA_PREAMBLE]
+    for name, (inp, out, body) in fp8.CUDA_KERNEL_SPECS.items():
+        params = _params(inp) + _params(out)
+        args = ", ".join(f"{ct} *{n}_" for ct, n, _ in params)
+        loads = " ".join(f"{ct} {n} = {n}_[i];" for ct, n, _ in _params(inp))
+        decls = " ".join(f"{ct} {n};" for ct, n, _ in _params(out))
+        stores = " ".join(f"{n}_[i] = {n};" for _, n, _ in _params(out))
+        parts.append(f"void k_{name}({args}, size_t n) {{ for (size_t i = 0; i < n; i++) "
+                     f"{{ {loads} {decls} {body}; {stores} }} }}")
+    return "\n".join(parts)
+
+
+@pytest.fixture(scope="module")
+def host_cuda_kernels(tmp_path_factory):
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        pytest.skip("no C compiler")
+    d = tmp_path_factory.mktemp("cuda_on_host")
+    (d / "k.c").write_text(_host_kernel_source())
+    subprocess.run([cc, "-O2", "-std=c99", "-fPIC", "-shared", str(d / "k.c"), "-o",
+                    str(d / "k.so")], check=True, capture_output=True)
+    lib = ctypes.CDLL(str(d / "k.so"))
+
+    def call(name, *arrays):
+        inp, out, _ = fp8.CUDA_KERNEL_SPECS[name]
+        n = arrays[0].size
+        outs = [numpy.empty(n, dt) for _, _, dt in _params(out)]
+        ins = [numpy.ascontiguousarray(numpy.broadcast_to(a, (n,)), dt)
+               for a, (_, _, dt) in zip(arrays, _params(inp))]
+        fn = getattr(lib, "k_" + name)
+        fn.restype = None
+        fn(*[a.ctypes.data_as(ctypes.c_void_p) for a in ins + outs], ctypes.c_size_t(n))
+        return outs[0]
+    return call
+
+
+def test_cuda_kernel_text_on_the_host(host_cuda_kernels):
+    k = host_cuda_kernels
+    x = numpy.concatenate([ALL_HALVES, random_float32(1_000_000, 13),
+                           numpy.float32([61439, 61440, 65519, 65520, 1e9, -numpy.inf])])
+    x = x[~numpy.isnan(x)]
+    assert numpy.array_equal(k("encode_nearest", x), ref_nearest(x))
+    assert numpy.array_equal(k("encode_truncate", x), ref_truncate(x))
+    assert numpy.array_equal(k("decode", ALL_CODES), fp8.decode(ALL_CODES), equal_nan=True)
+    rng = numpy.random.default_rng(8)
+    g = (rng.standard_normal(100_000) * 1e-3).astype(numpy.float32)
+    w = (rng.standard_normal(100_000) * 0.05).astype(numpy.float32)
+    eps, scale = numpy.float32(1e-5), numpy.float32(1234.5)
+    codes = k("encode_ratio_nearest", g, w, eps, scale)
+    assert numpy.array_equal(codes, fp8.encode_ratio(g, w, 1e-5, 1234.5))
+    assert numpy.array_equal(k("encode_ratio_truncate", g, w, eps, scale),
+                             fp8.encode_ratio(g, w, 1e-5, 1234.5, rounding="truncate"))
+    back = k("decode_ratio", codes, w, eps, numpy.float32(1 / 1234.5))
+    assert numpy.array_equal(back, fp8.decode_ratio(codes, w, 1e-5, 1 / 1234.5))
 
 
 @pytest.mark.gpu
