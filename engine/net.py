@@ -395,8 +395,9 @@ class Net:
                             f"({max(present) + 1} in the file, {len(layer.blobs)} in the net)")
         for k, blob in enumerate(layer.blobs):
             if k not in present:
-                if self._owned(i, k) and present:
-                    raise DataError(f"{path}: layer '{layer.name}': param {k} missing")
+                if self._owned(i, k):  # only a shared (non-owner) param may be absent
+                    raise DataError(f"{path}: layer '{layer.name}': param {k} missing "
+                                    f"(incompatible number of blobs)")
                 continue
             values = group[str(k)][...]
             if tuple(values.shape) != blob.shape:

@@ -6,7 +6,6 @@ against closed forms independently of the real layer implementations.
 * ``NTLinear`` — ``y = x W^T + b`` on ``x`` viewed as (N, K); W (num_output, K), b (num_output,).
 * ``NTDouble`` — ``y = 2 x`` (works in place).
 * ``NTHalfSq`` — scalar ``0.5 * sum(x^2)``, a loss layer (default loss weight 1).
-* ``Split``    — registered here only if the real ``layers`` package does not provide it yet.
 """
 import numpy
 
@@ -103,21 +102,3 @@ class NTHalfSq(Layer):
     def backward(self, top, propagate_down, bottom):
         if propagate_down[0]:
             bottom[0].diff[...] = bottom[0].data * top[0].diff
-
-
-@_register("Split")
-class FallbackSplit(Layer):
-    exact_num_bottom = 1
-    min_top = 1
-
-    def reshape(self, bottom, top):
-        for t in top:
-            t.reshape(bottom[0].shape)
-
-    def forward(self, bottom, top):
-        for t in top:
-            t.data[...] = bottom[0].data
-
-    def backward(self, top, propagate_down, bottom):
-        if propagate_down[0]:
-            bottom[0].diff[...] = sum(t.diff for t in top)

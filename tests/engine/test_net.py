@@ -264,6 +264,27 @@ def test_hdf5_roundtrip_with_slashes_and_shared_params(tmp_path):
     assert numpy.shares_memory(dst.params["inc/a"][0].data, dst.flat_data)
 
 
+def test_hdf5_diff_tree_and_missing_param(tmp_path):
+    import h5py
+    net = build(SHARED, dtype=numpy.float64)
+    net.forward_backward()
+    path = str(tmp_path / "d.h5")
+    net.to_hdf5(path, write_diff=True)
+    with h5py.File(path) as f:
+        assert set(f["diff/b"].keys()) == {"0", "1"}   # shared params do appear under /diff
+        numpy.testing.assert_array_equal(f["diff/a/0"][...], net.params["a"][0].diff)
+    with h5py.File(path, "a") as f:
+        del f["data/a/1"]
+    with pytest.raises(CaffeError, match="layer 'a': param 1 missing"):
+        build(SHARED, weights=path)
+
+
+def test_log_receives_caffe_top_shape_lines():
+    lines = []
+    build(DATA + linear("a", "x", "y", n=5), log=lines.append)
+    assert lines == ["Top shape: 3 4 (12)", "Top shape: 3 (3)", "Top shape: 3 5 (15)"]
+
+
 def test_hdf5_shape_mismatch_names_the_layer(tmp_path):
     path = str(tmp_path / "m.h5")
     build(DATA + linear("a", "x", "y", n=2)).to_hdf5(path)
