@@ -59,9 +59,9 @@ class HDF5DataLayer(BaseDataLayer):
             elif shapes != trailing:
                 raise DataError(f"HDF5 file '{path}' has row shapes {shapes} for {self.names}, "
                                 f"but earlier files have {trailing}")
-            mine = [r for r in range(rows) if (offset + r) % self.world == self.rank]
-            if mine:
-                self.files.append((path, numpy.asarray(mine)))
+            first = (self.rank - offset) % self.world  # first local row ≡ rank (mod world)
+            if first < rows:
+                self.files.append((path, first, len(range(first, rows, self.world))))
             offset += rows
         if not self.files:
             raise self.error(f"'{self.source}' has {offset} row(s): none for rank {self.rank} "
@@ -91,12 +91,16 @@ class HDF5DataLayer(BaseDataLayer):
 
     def _load_file(self):
         self.file_rng = self.shuffle_rng.bit_generator.state
-        path, rows = self.files[self.order[self.file_pos]]
+        path, first, count = self.files[self.order[self.file_pos]]
         with _open_h5(path, self.source) as f:
-            self.current = [numpy.asarray(_dataset(f, path, n)[...])[rows] for n in self.names]
-        self.rows = numpy.arange(len(rows))
+            # a strided hyperslab: each rank reads only its own rows from disk
+            self.current = [numpy.asarray(_dataset(f, path, n)[first::self.world])
+                            for n in self.names]
+        if any(len(c) != count for c in self.current):
+            raise DataError(f"HDF5 file '{path}' changed while it was being read")
+        self.rows = numpy.arange(count)
         if self.shuffle:
-            self.rows = self.shuffle_rng.permutation(len(rows))
+            self.rows = self.shuffle_rng.permutation(count)
         self.row_pos = 0
 
     def cursor_state(self):
