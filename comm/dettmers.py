@@ -1,0 +1,145 @@
+"""Dettmers' four 8-bit data types (seed 000, "8-bit approximations for parallelism", §3.1).
+
+Each type is a table of representable values; a code is the value's index in the ascending table
+(the seed's implementation does the same: a binary search in a sorted table of the values).
+Encoding picks the nearest table value (``searchsorted`` on the midpoints between neighbours;
+an exact midpoint goes to the lower value), decoding is a table lookup. The codec normalises a
+tensor by its max |value| (so every type works on [-1, 1]) and sends the float32 max with the
+codes.
+
+The four types (sign bit + 7 bits; "decade" d is the seed's exponent offset 10**d, 0 for data
+normalised to [-1, 1]):
+
+- ``"linear"`` — linear quantisation (Vanhoucke et al. 2011), the seed's "7-bit bisection tree
+  on [0, 1] with no exponent": k / 127, k = -127..127 (255 values, one zero).
+- ``"mantissa"`` — 3-bit decimal exponent e = 0..7 and a 4-bit integer mantissa m = 0..15
+  ("the mantissa will hold values between 0 and 15"): m * 10**(d - 1 - e). Many codes coincide
+  (m = 0; 10 * 10**-e = 1 * 10**(1-e)), so the table has fewer than 256 distinct values.
+- ``"static_tree"`` — 3-bit decimal exponent and a 4-bit bisection tree on (0.1, 1): the 16
+  midpoints of equal intervals of [0.1, 1], times 10**(d - e). 256 values, zero is not one of
+  them (the nearest is +-0.128e-7 * 10**d).
+- ``"dynamic_tree"`` — n leading zero bits give 10**-n, then a 1 flag bit, then 6 - n bits of
+  bisection tree on (0.1, 1), n = 0..6 (the seed's smallest exponent is 10**-6); the all-zero
+  code is 0. The tree values are the 2**(6-n) interval midpoints of [0.1, 1], as in Dettmers'
+  later published construction (bitsandbytes' ``create_dynamic_map``), which also gives the
+  spare code (the would-be -0) to +1.0 so that the max |value| itself is exact: 256 values.
+
+The seed's worked example ("0.2345678 approximated as 0.236719 instead of 0.23125 or 0.2") does
+not follow from any equal-width bisection of (0.1, 1) we could derive, so the midpoint
+construction above is the definition used here; docs and the Table 2 script say so.
+"""
+import numpy
+
+from engine import backend
+from comm.rank_gather import allgather_equal, world_size
+
+KINDS = ("linear", "mantissa", "static_tree", "dynamic_tree")
+
+
+def _tree_midpoints(bits):
+    """Midpoints of the 2**bits equal intervals of [0.1, 1] (a ``bits``-deep bisection tree)."""
+    edges = numpy.linspace(0.1, 1.0, (1 << bits) + 1)
+    return (edges[:-1] + edges[1:]) / 2.0
+
+
+def _positive_values(kind, decade):
+    if kind == "linear":
+        return numpy.arange(128) / 127.0
+    if kind == "mantissa":
+        m = numpy.arange(16, dtype=numpy.float64)
+        return numpy.concatenate([m * 10.0 ** (decade - 1 - e) for e in range(8)])
+    if kind == "static_tree":
+        t = _tree_midpoints(4)
+        return numpy.concatenate([t * 10.0 ** (decade - e) for e in range(8)])
+    if kind == "dynamic_tree":
+        parts = [_tree_midpoints(6 - n) * 10.0 ** (-n) for n in range(7)]
+        return numpy.concatenate(parts + [[0.0]])
+    raise ValueError(f"Unrecognized Dettmers data type: {kind!r}; valid: {', '.join(KINDS)}")
+
+
+def codebook(kind, decade=0):
+    """Sorted float64 array of the distinct representable values of ``kind`` (at most 256).
+
+    ``decade``: exponent offset 10**decade of the exponent types (ignored by "linear" and
+    "dynamic_tree", which always work on normalised data in [-1, 1]).
+    """
+    pos = _positive_values(kind, decade)
+    values = numpy.concatenate([pos, -pos])
+    if kind == "dynamic_tree":
+        values = numpy.concatenate([values, [1.0]])
+    return numpy.unique(values)
+
+
+class Table:
+    """One data type's tables on one array module: values (float64, float32) and midpoints."""
+
+    def __init__(self, kind, decade=0):
+        self.kind, self.decade = kind, decade
+        self.values = codebook(kind, decade)
+        self.midpoints = (self.values[1:] + self.values[:-1]) / 2.0
+        self._on = {}
+
+    def on(self, xp):
+        """(midpoints float64, values float32) as arrays of module ``xp`` (cached)."""
+        key = xp.__name__
+        if key not in self._on:
+            self._on[key] = (xp.asarray(self.midpoints), xp.asarray(self.values, xp.float32))
+        return self._on[key]
+
+    def encode(self, x):
+        """Float array → uint8 codes (indices of the nearest table value), same shape."""
+        xp = backend.get_array_module(x)
+        mids, _ = self.on(xp)
+        return xp.searchsorted(mids, xp.asarray(x, xp.float64), side="left").astype(xp.uint8)
+
+    def decode(self, codes):
+        """uint8 codes → float32 table values, same shape."""
+        xp = backend.get_array_module(codes)
+        _, values = self.on(xp)
+        return values[codes.astype(xp.intp)]
+
+
+def max_abs_scale(x):
+    """float32 max |x| (1.0 for an all-zero or empty tensor, so that dividing by it is safe)."""
+    xp = backend.get_array_module(x)
+    m = float(xp.max(xp.abs(x))) if x.size else 0.0
+    return numpy.float32(m if m > 0 else 1.0)
+
+
+class DettmersCodec:
+    """8-bit codec of one of ``KINDS``, normalised by max |value| (Horovod compressor shape).
+
+    ``compress(tensor) -> (codes, ctx)``: codes uint8 of tensor's shape, on tensor's device;
+    ctx = (float32 scale, dtype). ``decompress(codes, ctx)`` → codebook value * scale, float32
+    (cast to ctx's dtype). ``allreduce_mean(comm, array)`` → mean over ranks, bit-identical on
+    every rank (see comm/rank_gather.py for the fixed-order reduction).
+    """
+
+    def __init__(self, kind="dynamic_tree"):
+        if kind not in KINDS:
+            raise ValueError(f"Unrecognized Dettmers data type: {kind!r}; valid: {', '.join(KINDS)}")
+        self.kind = kind
+        self.table = Table(kind, decade=0)
+
+    def compress(self, tensor):
+        xp = backend.get_array_module(tensor)
+        scale = max_abs_scale(tensor)
+        # float64 division: the normalised value is rounded once, by the table search.
+        codes = self.table.encode(xp.asarray(tensor, xp.float64) / float(scale))
+        return codes, (scale, tensor.dtype)
+
+    def decompress(self, codes, ctx):
+        scale, dtype = ctx
+        return (self.table.decode(codes) * scale).astype(dtype, copy=False)
+
+    def allreduce_mean(self, comm, array):
+        """Mean of ``array`` over the ranks of ``comm`` (None: one process); same shape/device."""
+        xp = backend.get_array_module(array)
+        codes, (scale, dtype) = self.compress(array)
+        all_codes = allgather_equal(comm, backend.to_numpy(codes))
+        scales = allgather_equal(comm, numpy.array([scale], numpy.float32))[:, 0]
+        total = xp.zeros(array.shape, xp.float32)
+        for r in range(world_size(comm)):        # rank order: same sum on every rank
+            part = xp.asarray(all_codes[r]).reshape(array.shape)
+            total += self.table.decode(part) * scales[r]
+        return (total / numpy.float32(world_size(comm))).astype(dtype, copy=False)
