@@ -19,7 +19,7 @@ _FLOAT_TYPES = {"float", "double"}
 class Message:
     """A parsed protobuf message of schema type ``type_name``."""
 
-    __slots__ = ("_type", "_values", "_locs", "_where")
+    __slots__ = ("_type", "_values", "_locs", "_where", "_parent", "_unset")
 
     def __init__(self, type_name, where="<memory>"):
         if type_name not in SCHEMA:
@@ -28,6 +28,10 @@ class Message:
         object.__setattr__(self, "_values", {})
         object.__setattr__(self, "_locs", {})
         object.__setattr__(self, "_where", where)
+        # An unset message field reads as a default Message linked to its parent; writing into
+        # it attaches it (protobuf's lazy semantics), so `solver.comm.codec = "fp16"` sticks.
+        object.__setattr__(self, "_parent", None)
+        object.__setattr__(self, "_unset", {})
 
     # --- reading -------------------------------------------------------------------------------
     @property
@@ -53,7 +57,12 @@ class Message:
             self._values[name] = lst  # so that append() on the result sticks
             return lst
         if spec.is_message:
-            return Message(spec.type, self._where)
+            sub = self._unset.get(name)
+            if sub is None:
+                sub = Message(spec.type, self._where)
+                object.__setattr__(sub, "_parent", (self, name))
+                self._unset[name] = sub
+            return sub
         return spec.default
 
     def has(self, name):
@@ -83,6 +92,18 @@ class Message:
         if spec.repeated and not isinstance(value, list):
             raise TypeError(f"{self._type}.{name} is repeated; assign a list")
         self._values[name] = value
+        self._unset.pop(name, None)
+        self._attach()
+
+    def _attach(self):
+        """Make this (default) sub-message part of its parent once something is written to it."""
+        if self._parent is not None:
+            parent, name = self._parent
+            object.__setattr__(self, "_parent", None)
+            if name not in parent._values:
+                parent._values[name] = self
+                parent._unset.pop(name, None)
+                parent._attach()
 
     def clear(self, name):
         self._spec(name)

@@ -90,9 +90,10 @@ class Trainer:
         p = self.param
         sources = [p.test_net_param[i] for i in range(len(p.test_net_param))]
         sources += [resolve_path(t, self.solver_path) for t in p.test_net]
-        if not sources and (p.has("net") or p.has("net_param")):
-            if p.test_iter:
-                sources = [self._net_source("net" if p.has("net") else "net_param")] * len(p.test_iter)
+        if not sources and (p.has("net") or p.has("net_param")) and p.test_iter:
+            # Caffe: one generic TEST instance of the train net per test_state (at least one).
+            generic = max(1, len(p.test_state))
+            sources = [self._net_source("net" if p.has("net") else "net_param")] * generic
         if len(sources) != len(p.test_iter):
             raise SolverError(f"{p.location('test_iter')}: {len(p.test_iter)} test_iter value(s) "
                               f"for {len(sources)} test net(s); give one test_iter per test net")

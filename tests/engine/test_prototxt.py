@@ -75,3 +75,13 @@ def test_errors_name_file_line_col(text, line, col, words):
 def test_missing_file(tmp_path):
     with pytest.raises(PrototxtError, match="nope.prototxt"):
         parse_file(tmp_path / "nope.prototxt")
+
+
+def test_writing_into_an_unset_submessage_attaches_it():
+    s = parse_text("", "s", "SolverParameter")
+    assert not s.has("comm") and s.comm.codec == "fp8" and not s.has("comm")
+    s.comm.codec = "fp16"
+    assert s.has("comm") and s.comm.codec == "fp16"
+    l = parse_layer('name: "x"')
+    l.convolution_param.weight_filler.std = 0.5
+    assert l.has("convolution_param") and l.convolution_param.weight_filler.std == 0.5
