@@ -5,6 +5,7 @@ import pytest
 def pytest_configure(config):
     config.addinivalue_line("markers", "gpu: needs a CUDA GPU and CuPy")
     config.addinivalue_line("markers", "mpi: runs rank programs under mpiexec")
+    config.addinivalue_line("markers", "slow: full-size nets on the CPU (deselect with -m 'not slow')")
 
 
 def pytest_collection_modifyitems(config, items):

@@ -41,6 +41,14 @@ DEPLOY = [
 ]
 
 
+@pytest.fixture
+def no_fill(monkeypatch):
+    """Skip weight filling while building: counts and shapes do not depend on the values, and
+    drawing 61 M Gaussian numbers per CaffeNet build dominates these tests' time."""
+    import engine.filler
+    monkeypatch.setattr(engine.filler, "fill", lambda array, filler_param: None)
+
+
 def with_inputs(path, sample_shape, batch=1):
     """Parsed NetParameter with its data layers replaced by Input layers of the same shapes:
     data (batch, *sample_shape), label (batch,)."""
@@ -62,14 +70,14 @@ def test_every_bvlc_file_parses_unchanged():
 @pytest.mark.parametrize("phase", ["TRAIN", "TEST"])
 @pytest.mark.parametrize("rel, sample, total", TRAIN_VAL, ids=[t[0].split("/")[-2] + "/" +
                                                               t[0].split("/")[-1] for t in TRAIN_VAL])
-def test_bvlc_train_val_parameter_counts(rel, sample, total, phase):
+def test_bvlc_train_val_parameter_counts(rel, sample, total, phase, no_fill):
     net = Net(with_inputs(os.path.join(BVLC, rel), sample), phase=phase)
     assert param_count(net) == total
     assert net.flat_data.size == total
 
 
 @pytest.mark.parametrize("rel, total", DEPLOY, ids=[d[0].split("/")[-2] for d in DEPLOY])
-def test_bvlc_deploy_parameter_counts(rel, total):
+def test_bvlc_deploy_parameter_counts(rel, total, no_fill):
     net = Net(os.path.join(BVLC, rel), phase="TEST")   # legacy input fields / Input layers
     assert param_count(net) == total
     assert net.output_blob_names == ["prob"]
@@ -87,7 +95,7 @@ def test_lenet_test_net_splits_and_outputs():
     assert not any(l.type == "Split" for l in train.layers)
 
 
-def test_googlenet_test_outputs_and_loss_weights():
+def test_googlenet_test_outputs_and_loss_weights(no_fill):
     net = Net(with_inputs(os.path.join(BVLC, "models/bvlc_googlenet/train_val.prototxt"),
                           IMAGENET224), phase="TEST")
     assert net.output_blob_names == sorted(
@@ -129,7 +137,7 @@ def test_our_googlenet_deploy_matches_bvlc_structure():
     ("caffenet/deploy.prototxt", IMAGENET227, 60_965_224, 16),
     ("googlenet/deploy.prototxt", IMAGENET224, 6_998_552, 116),
 ])
-def test_our_nets_have_bvlc_parameter_counts(rel, sample, total, tensors):
+def test_our_nets_have_bvlc_parameter_counts(rel, sample, total, tensors, no_fill):
     net_param = parse_file(os.path.join(OURS, rel))
     if any(l.type == "Input" for l in net_param.layer):   # deploy: shrink the batch to 1
         for l in net_param.layer:
@@ -159,6 +167,7 @@ def test_small_variants_run_with_the_same_layer_types(small, full):
             assert numpy.isfinite(net.flat_diff).all() and net.flat_diff.any()
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("rel, sample", [("caffenet/train_val.prototxt", IMAGENET227),
                                          ("googlenet/train_val.prototxt", IMAGENET224)])
