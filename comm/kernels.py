@@ -12,7 +12,9 @@ reductions run beside the compute thread. The library is looked up, in order:
 
 Paths (``paths()``, best first): ``"avx512"``, ``"avx2"`` (AVX2 + F16C), ``"portable"`` (C99),
 and always ``"numpy"``; ``use_path(name)`` forces one, e.g. to test each, or
-``CAFFE8_KERNEL_PATH=portable`` in the environment.
+``CAFFE8_KERNEL_PATH=portable`` in the environment. A SIMD path is listed only if the CPU (and the
+OS, via XGETBV) supports it and it agrees with the portable C code on a load-time self-check
+(``self_check``, ~20 ms), so a path never exercised on this kind of CPU cannot corrupt sums.
 
 All arrays are NumPy, C-contiguous; fp8 arrays are uint8 (any 1-byte dtype), half arrays uint16 or
 float16. Sums work in place on ``dst``: ``dst[i] = saturate(src[i] + dst[i])``, rounding to
@@ -160,9 +162,93 @@ def _initialise():
     else:
         _declare(_lib)
         bits = _lib.c8_cpu_paths()
-        _available = [name for name, bit in _PATH_BITS if bits & bit] + ["numpy"]
+        cpu = [name for name, bit in _PATH_BITS if bits & bit]
+        _available = [name for name in cpu if name == "portable" or _self_check_ok(name)]
+        _available.append("numpy")
     forced = os.environ.get("CAFFE8_KERNEL_PATH")
     use_path(forced if forced else _available[0])
+
+
+def self_check(name):
+    """Names of the operations where C path ``name`` disagrees with the portable C path.
+
+    Run at load for each SIMD path the CPU reports, so that a path never tested on this kind of
+    CPU (e.g. AVX-512 on a machine the test suite never ran on) cannot silently corrupt sums:
+    every fp8 pair, every half against a few values, the conversions on every half value, odd
+    lengths for the loop tails. About a millisecond.
+    """
+    codes = numpy.arange(256, dtype=numpy.uint8)
+    pairs = (numpy.repeat(codes, 256), numpy.tile(codes, 256))
+    halves = numpy.arange(65536, dtype=numpy.uint16)
+    against = numpy.float16([0.0, 1.0, -65504.0, 3.0e-5]).view(numpy.uint16)
+    half_pairs = (numpy.tile(halves, 4), numpy.repeat(against, 65536))
+    x = halves.view(numpy.float16).astype(numpy.float32)[:-3]      # odd length
+    cases = {
+        "fp8_sum": lambda fn: _run_sum(fn, *pairs),
+        "half_sum": lambda fn: _run_sum(fn, *half_pairs),
+        "encode_nearest": lambda fn: _run_encode(fn, x, 0),
+        "encode_truncate": lambda fn: _run_encode(fn, x, 1),
+        "decode": lambda fn: _run_decode(fn, codes.repeat(3)[1:]),
+    }
+    failed = []
+    for op, run in cases.items():
+        kind = op.split("_")[0] if op.startswith("encode") else op
+        mine = run(getattr(_lib, f"c8_{kind}_{name}"))
+        ref = run(getattr(_lib, f"c8_{kind}_portable"))
+        if not numpy.array_equal(_canonical_nan(mine), _canonical_nan(ref)):
+            failed.append(op)
+    return failed
+
+
+def _canonical_nan(a):
+    """Results with every NaN replaced by one code: which NaN payload an addition propagates
+    differs between the SIMD instructions and compiled C, and does not matter."""
+    a = a.copy()
+    if a.dtype == numpy.uint8:
+        a[(a & 0x7F) > 0x7C] = 0x7F
+    elif a.dtype == numpy.uint16:
+        a[(a & 0x7FFF) > 0x7C00] = 0x7FFF
+    else:
+        a = a.view(numpy.uint32)
+        a[(a & 0x7FFFFFFF) > 0x7F800000] = 0x7FFFFFFF
+    return a
+
+
+def _run_sum(fn, src, dst):
+    out = dst.copy()
+    fn(src.ctypes.data, out.ctypes.data, src.size)
+    return out
+
+
+def _run_encode(fn, x, truncate):
+    out = numpy.empty(x.size, numpy.uint8)
+    fn(x.ctypes.data, out.ctypes.data, x.size, 0.75, truncate)
+    return out
+
+
+def _run_decode(fn, b):
+    out = numpy.empty(b.size, numpy.float32)
+    fn(b.ctypes.data, out.ctypes.data, b.size, 0.75)
+    return out
+
+
+def _self_check_ok(name):
+    failed = self_check(name)
+    if failed:
+        warnings.warn(f"comm.kernels: the {name} path disagrees with the portable C code on "
+                      f"{failed}; disabled (please report: CPU {_cpu_name()})", RuntimeWarning)
+    return not failed
+
+
+def _cpu_name():
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return sys.platform
 
 
 # --- path selection -----------------------------------------------------------------------------

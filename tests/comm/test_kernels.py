@@ -4,6 +4,7 @@ References never use comm code: fp8 values are decoded by ml_dtypes, added in fl
 two fp8 or two halves), clipped to the largest finite value and cast back by ml_dtypes / numpy
 (nearest even).
 """
+import ctypes
 import os
 import subprocess
 import sys
@@ -195,3 +196,18 @@ def test_without_compiler_falls_back_to_numpy_with_one_warning(tmp_path):
     assert lines[0] == "None ['numpy'] 2", (out, err)          # compile failure + fallback
     assert "NumPy fallback" in lines[1]
     assert lines[2] == "[64, 64, 64]"                          # 1 + 1 = 2 (code 0x40)
+
+
+@pytest.mark.skipif(not {"avx2", "avx512"} & set(kernels.paths()), reason="no SIMD path here")
+def test_load_time_self_check_passes_and_catches_a_broken_path(monkeypatch):
+    simd = [p for p in kernels.paths() if p in ("avx2", "avx512")]
+    assert all(kernels.self_check(p) == [] for p in simd)
+    name = simd[0]
+
+    def off_by_one_code_somewhere(src, dst, n):         # sums right except one element
+        kernels._lib.c8_fp8_sum_portable(src, dst, n)
+        view = (ctypes.c_uint8 * n).from_address(dst)
+        view[n // 3] ^= 1
+
+    monkeypatch.setattr(kernels._lib, f"c8_fp8_sum_{name}", off_by_one_code_somewhere)
+    assert kernels.self_check(name) == ["fp8_sum"]
