@@ -15,7 +15,6 @@ the bytes equal what Caffe's ``SerializeToString`` writes; decoders accept packe
 repeated fields and skip unknown fields, as protobuf parsers must.
 """
 import os
-import struct
 from dataclasses import dataclass, field
 
 import numpy
@@ -115,7 +114,7 @@ def _repeated_numbers(chunks, dtype, where, name):
     return numpy.concatenate(parts).astype(dtype.newbyteorder("="))
 
 
-# --- Datum -----------------------------------------------------------------------------------------
+# --- Datum ----------------------------------------------------------------------------------------
 @dataclass
 class Datum:
     """One record of a Caffe LMDB. ``data`` holds raw uint8 pixels (C×H×W order) or, when
@@ -194,7 +193,7 @@ def datum_to_array(d, where="<datum>"):
     return values.reshape(shape)
 
 
-# --- BlobProto -------------------------------------------------------------------------------------
+# --- BlobProto ------------------------------------------------------------------------------------
 def encode_blob_proto(array, legacy_4d=False):
     """Serialise ``array`` as a BlobProto with packed float ``data``.
 

@@ -121,7 +121,8 @@ def build(args):
     classes = read_classes(args.classes) if args.classes else None
     classes, entries = scan_class_folders(args.root, classes)
     if args.shuffle:
-        entries = [entries[i] for i in numpy.random.default_rng(args.seed).permutation(len(entries))]
+        perm = numpy.random.default_rng(args.seed).permutation(len(entries))
+        entries = [entries[i] for i in perm]
     with open(args.out_list, "w") as f:
         f.writelines(f"{rel} {label}\n" for rel, label in entries)
     classes_path = os.path.splitext(args.out_list)[0] + "_classes.txt"

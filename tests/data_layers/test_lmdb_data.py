@@ -73,7 +73,8 @@ def test_encoded_grey_jpeg_stays_one_channel(tmp_path):
 
 def test_data_only_top(tmp_path):
     p = write_lmdb(tmp_path / "d", [encode_datum(1, 1, 1, b"\x05", 0)])
-    text = f'name: "d" type: "Data" top: "data" data_param {{ source: "{p["lmdb"]}" backend: LMDB batch_size: 2 }}'
+    text = (f'name: "d" type: "Data" top: "data" '
+            f'data_param {{ source: "{p["lmdb"]}" backend: LMDB batch_size: 2 }}')
     layer = create_layer(parse_layer(text))
     top = [Blob()]
     layer.setup([], top)
@@ -82,7 +83,7 @@ def test_data_only_top(tmp_path):
 
 
 def test_leveldb_rejected_and_missing_lmdb(tmp_path):
-    text = f'name: "d" type: "Data" top: "data" top: "label" data_param {{ source: "x" batch_size: 1 }}'
+    text = 'name: "d" type: "Data" top: "data" data_param { source: "x" batch_size: 1 }'
     with pytest.raises(CaffeError, match="only LMDB is supported"):
         build(text)
     with pytest.raises(CaffeError, match="nodb"):
