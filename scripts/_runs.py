@@ -29,7 +29,7 @@ from engine.prototxt import parse_file, to_text  # noqa: E402
 # The engine registers codecs as fp32/fp16/fp8; the seed says float/half.
 CODEC_ALIASES = {"float": "fp32", "float32": "fp32", "half": "fp16", "float16": "fp16"}
 CSV_FIELDS = ("mode", "p", "codec", "async", "processes_per_node", "batch_per_process",
-              "global_batch", "iterations", "mean_iter_s", "throughput_samples_s", "speedup",
+              "global_batch", "iterations", "mean_iter_s", "median_iter_s", "throughput_samples_s", "speedup",
               "run_dir")
 
 
@@ -238,7 +238,7 @@ def iteration_walls(records, skip):
 
 
 def run_point(args, p, codec, asynchronous, batch):
-    """Train once on ``p`` processes; return (mean iteration seconds, iterations, run folder)."""
+    """Train once on ``p`` processes; return ({iteration: seconds}, run folder, processes/node)."""
     ppn = min(args.processes_per_node, p) if args.processes_per_node else 0
     if ppn and p % ppn:
         raise CaffeError(f"--processes-per-node {ppn} does not divide p = {p}")
@@ -256,7 +256,14 @@ def run_point(args, p, codec, asynchronous, batch):
     if not walls:
         raise CaffeError(f"{run_dir}: no timing records after skipping {args.skip} iteration(s); "
                          f"raise --max-iter")
-    return sum(walls.values()) / len(walls), len(walls), run_dir, ppn
+    return walls, run_dir, ppn
+
+
+def mean_median(values):
+    """(mean, median) of a non-empty sequence."""
+    v = sorted(values)
+    mid = len(v) // 2
+    return sum(v) / len(v), (v[mid] if len(v) % 2 else (v[mid - 1] + v[mid]) / 2)
 
 
 # --- the sweep, its CSV and its plot (seed figure 7) -----------------------------------------
@@ -317,24 +324,26 @@ def sweep(args, mode):
     procs = sorted(set([1] + list(args.procs)))
     rows, failures = [], []
     b1 = batch_for(mode, args, net_batch, 1)
-    t1, n1, dir1, _ = run_point(args, 1, args.codecs[0], False, b1)
-    base = b1 / t1
+    baseline = run_point(args, 1, args.codecs[0], False, b1)
+    base = b1 / mean_median(baseline[0].values())[0]
     for codec in args.codecs:
         for asynchronous in args.async_modes:
             for p in procs:
                 batch = batch_for(mode, args, net_batch, p)
                 try:
-                    t, n, run_dir, ppn = (t1, n1, dir1, 0) if p == 1 else \
+                    walls, run_dir, ppn = baseline if p == 1 else \
                         run_point(args, p, codec, asynchronous, batch)
                 except CaffeError as e:
                     failures.append((p, codec, asynchronous, str(e)))
                     print(f"FAILED p={p} codec={codec} async={asynchronous}:\n{e}", file=sys.stderr)
                     continue
+                mean, median = mean_median(walls.values())
                 rows.append({"mode": mode, "p": p, "codec": codec, "async": asynchronous,
                              "processes_per_node": ppn, "batch_per_process": batch,
-                             "global_batch": batch * p, "iterations": n, "mean_iter_s": t,
-                             "throughput_samples_s": batch * p / t,
-                             "speedup": batch * p / t / base,
+                             "global_batch": batch * p, "iterations": len(walls),
+                             "mean_iter_s": mean, "median_iter_s": median,
+                             "throughput_samples_s": batch * p / mean,
+                             "speedup": batch * p / mean / base,
                              "run_dir": os.path.relpath(run_dir, args.out)})
     return rows, failures
 

@@ -82,8 +82,8 @@ def _sweep(script, out, extra):
         return list(csv.DictReader(f))
 
 
-def _mean_iteration(run_dir, p, skip=1):
-    """Independent: per iteration the slowest rank's wall, averaged over iterations >= skip."""
+def _iteration_walls(run_dir, p, skip=1):
+    """Independent: per iteration >= skip the slowest rank's wall, sorted."""
     per_iter = {}
     for rank in range(p):
         with open(os.path.join(run_dir, f"timing.r{rank}.jsonl")) as f:
@@ -91,7 +91,7 @@ def _mean_iteration(run_dir, p, skip=1):
         assert [r["iteration"] for r in recs] == [0, 1, 2] and {r["rank"] for r in recs} == {rank}
         for r in recs[skip:]:
             per_iter[r["iteration"]] = max(per_iter.get(r["iteration"], 0.0), r["wall"])
-    return sum(per_iter.values()) / len(per_iter)
+    return sorted(per_iter.values())
 
 
 def _check_rows(rows, out, batches):
@@ -99,8 +99,10 @@ def _check_rows(rows, out, batches):
     for row in rows:
         p = int(row["p"])
         run_dir = os.path.join(out, row["run_dir"])
-        t = _mean_iteration(run_dir, p)
+        walls = _iteration_walls(run_dir, p)
+        t = sum(walls) / len(walls)
         assert float(row["mean_iter_s"]) == pytest.approx(t, rel=1e-7)
+        assert float(row["median_iter_s"]) == pytest.approx((walls[0] + walls[1]) / 2, rel=1e-7)
         assert int(row["batch_per_process"]) == batches[p]
         assert int(row["global_batch"]) == batches[p] * p
         assert int(row["iterations"]) == 2
