@@ -29,14 +29,17 @@ from engine.prototxt import Message, parse_file
 class Net:
     """A Caffe net; see the module docstring and docs/ARCHITECTURE.md for the attributes."""
 
-    def __init__(self, model, phase="TRAIN", weights=None, level=0, stages=(),
+    def __init__(self, model, phase="TRAIN", weights=None, level=None, stages=(),
                  dtype=numpy.float32, rank=0, world=1, log=None):
         param = parse_file(model) if isinstance(model, (str, os.PathLike)) else model
         self.phase = phase
         self.dtype = numpy.dtype(dtype)
         self.rank, self.world = rank, world
         self._log = log
+        # as Caffe's Net(file, phase, level, stages): the file's NetState stages plus ours; the
+        # level is ours when given, else the file's (what a solver's train_state/test_state sets)
         stages = list(param.state.stage) + list(stages)
+        level = param.state.level if level is None else level
         param = upgrade_net_input(filter_net(param, phase, level, stages))
         self.param = insert_splits(param)
         self.name = self.param.name
@@ -312,7 +315,7 @@ class Net:
         loss = 0.0
         for i, layer in enumerate(self.layers):
             bottom, top = self.bottom_vecs[i], self.top_vecs[i]
-            layer.reshape(bottom, top)
+            self._reshape(layer, bottom, top)
             layer.forward(bottom, top)
             for blob, w in zip(top, self.layer_loss_weights[i]):
                 if w:
@@ -321,6 +324,16 @@ class Net:
                 fn(i, layer)
         self.loss = loss
         return loss
+
+    @staticmethod
+    def _reshape(layer, bottom, top):
+        try:
+            layer.reshape(bottom, top)
+        except CaffeError:
+            raise
+        except Exception as e:  # e.g. a data batch of another shape reaching a fixed layer
+            raise LayerError(layer.name, f"reshape failed: {type(e).__name__}: {e}",
+                             layer.type) from e
 
     def forward(self):
         """Forward pass; returns {output blob name: data array} (pycaffe's ``net.forward()``)."""

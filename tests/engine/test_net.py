@@ -225,6 +225,15 @@ def test_net_phase_filters_layers():
     assert Net(parse_text(text), phase="TEST").layer_names == ["in", "a", "l"]
 
 
+def test_file_state_level_and_stages_apply_and_args_add_to_them():
+    text = ('state { level: 2 stage: "s1" }\n' + DATA + linear("a", "x", "y") +
+            halfsq("lvl", "y", "include { min_level: 2 }") +
+            linear("both", "x", "z", extra='include { stage: "s1" stage: "s2" }'))
+    assert Net(parse_text(text)).layer_names == ["in", "a", "lvl"]
+    assert Net(parse_text(text), level=0).layer_names == ["in", "a"]
+    assert Net(parse_text(text), stages=["s2"]).layer_names[-1] == "both"
+
+
 # --- bad input ----------------------------------------------------------------------------------
 def test_missing_bottom_names_layer_and_place():
     text = DATA + linear("a", "x", "y") + '\nlayer { name: "loss" type: "NTHalfSq"\n  bottom: "nope" top: "l" }'
