@@ -4,8 +4,8 @@ Each type is a table of representable values; a code is the value's index in the
 (the seed's implementation does the same: a binary search in a sorted table of the values).
 Encoding picks the nearest table value (``searchsorted`` on the midpoints between neighbours;
 an exact midpoint goes to the lower value), decoding is a table lookup. The codec normalises a
-tensor by its max |value| (so every type works on [-1, 1]) and sends the float32 max with the
-codes.
+tensor by its max |value| (so every type works on [-1, 1]) and sends that float32 value with
+the codes (signed: see ``peak_scale``).
 
 The four types (sign bit + 7 bits; "decade" d is the seed's exponent offset 10**d, 0 for data
 normalised to [-1, 1]):
@@ -23,6 +23,7 @@ normalised to [-1, 1]):
   code is 0. The tree values are the 2**(6-n) interval midpoints of [0.1, 1], as in Dettmers'
   later published construction (bitsandbytes' ``create_dynamic_map``), which also gives the
   spare code (the would-be -0) to +1.0 so that the max |value| itself is exact: 256 values.
+  ``codebook(kind)`` lists the distinct values; at most 256, so a code fits a uint8.
 
 The seed's worked example ("0.2345678 approximated as 0.236719 instead of 0.23125 or 0.2") does
 not follow from any equal-width bisection of (0.1, 1) we could derive, so the midpoint
@@ -46,8 +47,11 @@ def _positive_values(kind, decade):
     if kind == "linear":
         return numpy.arange(128) / 127.0
     if kind == "mantissa":
+        # m * 10**p as one correctly rounded operation on exact integers, so that equal
+        # rationals (10 * 10**-2 and 1 * 10**-1) give equal floats and merge in the table.
         m = numpy.arange(16, dtype=numpy.float64)
-        return numpy.concatenate([m * 10.0 ** (decade - 1 - e) for e in range(8)])
+        powers = [decade - 1 - e for e in range(8)]
+        return numpy.concatenate([m * 10.0 ** p if p >= 0 else m / 10.0 ** -p for p in powers])
     if kind == "static_tree":
         t = _tree_midpoints(4)
         return numpy.concatenate([t * 10.0 ** (decade - e) for e in range(8)])
@@ -99,11 +103,15 @@ class Table:
         return values[codes.astype(xp.intp)]
 
 
-def max_abs_scale(x):
-    """float32 max |x| (1.0 for an all-zero or empty tensor, so that dividing by it is safe)."""
+def peak_scale(x):
+    """The float32 element of largest |value|, sign included (1.0 for an all-zero or empty
+    tensor). Dividing by it maps that element to +1 exactly: the dynamic tree has +1.0 but not
+    -1.0, and the other tables are symmetric, so the sign costs nothing there."""
     xp = backend.get_array_module(x)
-    m = float(xp.max(xp.abs(x))) if x.size else 0.0
-    return numpy.float32(m if m > 0 else 1.0)
+    if not x.size:
+        return numpy.float32(1.0)
+    m = float(x.ravel()[int(xp.argmax(xp.abs(x)))])
+    return numpy.float32(m if m != 0 else 1.0)
 
 
 class DettmersCodec:
@@ -123,7 +131,7 @@ class DettmersCodec:
 
     def compress(self, tensor):
         xp = backend.get_array_module(tensor)
-        scale = max_abs_scale(tensor)
+        scale = peak_scale(tensor)
         # float64 division: the normalised value is rounded once, by the table search.
         codes = self.table.encode(xp.asarray(tensor, xp.float64) / float(scale))
         return codes, (scale, tensor.dtype)

@@ -1,0 +1,148 @@
+"""Auto Precision Scaling (comm/aps.py) against closed forms, ml_dtypes and float64 sums."""
+import math
+import os
+import subprocess
+import sys
+from fractions import Fraction
+
+import ml_dtypes
+import numpy
+import pytest
+
+from comm.aps import (NO_EXPONENT, APSCodec, kahan_sum, local_exponent, plain_sum,
+                      scale_exponent)
+from comm.formats import get_format
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+MPIEXEC = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+FORMATS = ("E5M2", "E4M3", "E3M0")
+
+
+@pytest.mark.parametrize("value,expected", [(1.0, 0), (0.75, -1), (1.5 * 2 ** -20, -20),
+                                            (1000.0, 9), (2.0 ** 100, 100), (-3.0, 1)])
+def test_local_exponent(value, expected):
+    x = numpy.array([0.0, value, value / 4], numpy.float32)
+    assert local_exponent(x) == expected == math.floor(math.log2(abs(value)))
+
+
+def test_local_exponent_without_a_finite_peak():
+    assert local_exponent(numpy.zeros(4, numpy.float32)) == NO_EXPONENT
+    assert local_exponent(numpy.array([1.0, numpy.inf], numpy.float32)) == NO_EXPONENT
+    assert scale_exponent(NO_EXPONENT, get_format("E5M2"), 4) == 0
+
+
+def brute_force_k(exponent, fmax, processes):
+    """Largest k with P * 2**(E+1+k) <= fmax, by exact rational search."""
+    fits = [k for k in range(-400, 400)
+            if processes * Fraction(2) ** (exponent + 1 + k) <= Fraction(fmax)]
+    return max(fits)
+
+
+@pytest.mark.parametrize("name", FORMATS)
+def test_scale_exponent_closed_form(name):
+    fmt = get_format(name)
+    for processes in (1, 2, 3, 4, 7, 8, 9, 16, 100, 1024):
+        for exponent in (-40, -7, 0, 3, 20):
+            assert scale_exponent(exponent, fmt, processes) == \
+                brute_force_k(exponent, fmt.max, processes), (processes, exponent)
+    # e.g. E5M2 (max 57344 = 1.75 * 2**15), P = 4, max|g| in [1, 2): 4 * 2 * 2**k <= 57344
+    assert scale_exponent(0, get_format("E5M2"), 4) == 12
+
+
+def simulated_ranks(rng, processes, n=300):
+    """float32 gradients whose magnitudes span many binades, largest near a power of two."""
+    out = []
+    for _ in range(processes):
+        g = numpy.clip(rng.standard_normal(n), -3, 3) * 2.0 ** rng.integers(-12, 0, n)
+        g[0] = 3.99                       # just below 2**(E+1), E = 1: the worst case
+        out.append(g.astype(numpy.float32))
+    return out
+
+
+@pytest.mark.parametrize("name", FORMATS)
+@pytest.mark.parametrize("processes", [2, 3, 5, 8])
+def test_no_overflow_after_summing_processes(name, processes):
+    fmt = get_format(name)
+    codec = APSCodec(fmt)
+    gs = simulated_ranks(numpy.random.default_rng(processes), processes)
+    e = max(local_exponent(g) for g in gs)
+    assert e == 1
+    parts = [codec.compress(g, e, processes) for g in gs]
+    k = parts[0][1][0]
+    scaled = [fmt.decode(codes).astype(numpy.float64) for codes, _ in parts]
+    total = numpy.abs(numpy.sum(scaled, axis=0))
+    assert total.max() <= fmt.max
+    # every partial sum, rounded into the format again, stays finite and below saturation
+    partial = numpy.zeros_like(scaled[0])
+    for s in scaled:
+        partial = fmt.decode(fmt.encode(partial + s)).astype(numpy.float64)
+        assert numpy.all(numpy.abs(partial) <= fmt.max) and numpy.all(numpy.isfinite(partial))
+    # maximality: one more power of two would overflow the same-sign worst case
+    assert processes * 3.99 * 2.0 ** (k + 1) > fmt.max
+
+
+@pytest.mark.parametrize("name,dtype", [("E5M2", ml_dtypes.float8_e5m2),
+                                        ("E4M3", ml_dtypes.float8_e4m3fn)])
+def test_round_trip_matches_ml_dtypes(name, dtype):
+    rng = numpy.random.default_rng(4)
+    x = (rng.standard_normal(500) * 2.0 ** rng.integers(-20, 5, 500)).astype(numpy.float32)
+    codec = APSCodec(name)
+    codes, (k, _) = codec.compress(x, processes=3)
+    ref = numpy.ldexp(numpy.ldexp(x.astype(numpy.float64), k).astype(dtype).astype(numpy.float64),
+                      -k)
+    numpy.testing.assert_array_equal(codec.decompress(codes, (k, numpy.float32)), ref)
+
+
+def test_kahan_beats_plain_float32_on_adversarial_sum():
+    # one large addend then many that are each a quarter ulp of it: plain float32 drops them all
+    rows = [numpy.full(4, 2.0 ** 14, numpy.float32)]
+    rows += [numpy.full(4, 2.0 ** -11, numpy.float32)] * 999
+    exact = 2.0 ** 14 + 999 * 2.0 ** -11
+    plain = plain_sum(rows, numpy)
+    kahan = kahan_sum(rows, numpy)
+    assert plain.dtype == kahan.dtype == numpy.float32
+    assert numpy.all(plain == 2.0 ** 14)
+    assert numpy.all(numpy.abs(kahan - exact) <= 2.0 ** -10)            # half an ulp
+    assert numpy.all(kahan == numpy.float32(exact))
+
+
+def test_kahan_on_random_decoded_contributions():
+    """64 same-sign E5M2 contributions over 28 binades: Kahan stays within one float32 ulp of
+    the float64 sum (its bound is 2u|S| for same-sign addends), plain summation does not."""
+    rng = numpy.random.default_rng(5)
+    fmt = get_format("E5M2")
+    rows = [fmt.decode(fmt.encode(numpy.abs(rng.standard_normal(2000))
+                                  * 2.0 ** rng.integers(-16, 12, 2000))) for _ in range(64)]
+    exact = numpy.sum(numpy.array(rows, numpy.float64), axis=0)
+    ulp = numpy.spacing(exact.astype(numpy.float32)).astype(numpy.float64)
+    err_plain = numpy.abs(plain_sum(rows, numpy) - exact) / ulp
+    err_kahan = numpy.abs(kahan_sum(rows, numpy) - exact) / ulp
+    assert err_kahan.max() <= 1.0 and err_plain.max() > 2.0
+    assert err_kahan.mean() < err_plain.mean() / 2
+
+
+def test_hybrid_precision():
+    x = numpy.random.default_rng(6).standard_normal((5, 8)).astype(numpy.float32)
+    codec = APSCodec("E3M0", fp32_iters=10, fp32_layers=("fc8",))
+    numpy.testing.assert_array_equal(codec.allreduce_mean(None, x, iteration=9), x)
+    numpy.testing.assert_array_equal(codec.allreduce_mean(None, x, iteration=10, name="fc8"), x)
+    low = codec.allreduce_mean(None, x, iteration=10, name="conv1")
+    assert not numpy.array_equal(low, x)
+    assert len(numpy.unique(numpy.abs(low[low != 0]))) <= 7           # E3M0: 0.25 .. 8 binades
+    codes, ctx = codec.compress(x, iteration=10)
+    assert codes.dtype == numpy.uint8 and ctx[0] is not None
+
+
+def test_unknown_format():
+    with pytest.raises(ValueError, match="E5M2"):
+        APSCodec("E9M9")
+
+
+@pytest.mark.mpi
+def test_three_ranks_agree_bitwise():
+    if not os.path.exists(MPIEXEC):
+        pytest.skip("no mpiexec next to the Python interpreter")
+    proc = subprocess.run([MPIEXEC, "-n", "3", sys.executable,
+                           os.path.join(HERE, "prog_codec_means.py"), "aps"],
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=120)
+    assert proc.returncode == 0 and "aps: OK on 3 ranks" in proc.stdout, proc.stdout[-3000:]
