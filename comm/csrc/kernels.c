@@ -44,17 +44,16 @@ int c8_abi_version(void) { return C8_ABI_VERSION; }
 static uint32_t f32_bits(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
 static float bits_f32(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
 
-/* Exact half -> float. */
+/* Exact half -> float, branch-free (selects only) so that the portable loops vectorise. */
 static float half_to_float(uint16_t h)
 {
     uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
     uint32_t e = (h >> 10) & 0x1Fu, m = h & 0x3FFu;
-    if (e == 0x1Fu) return bits_f32(sign | 0x7F800000u | (m << 13));       /* inf / NaN */
-    if (e == 0) {                                   /* zero / subnormal: m * 2^-24, exact */
-        float v = (float)m * 5.9604644775390625e-8f;
-        return sign ? -v : v;
-    }
-    return bits_f32(sign | ((e + 112u) << 23) | (m << 13));
+    uint32_t nrm = ((e + 112u) << 23) | (m << 13);
+    /* subnormal: m * 2^-24 is exact in float; no reliance on float denormals (DAZ-safe) */
+    uint32_t sub = f32_bits((float)(int32_t)m * 5.9604644775390625e-8f);
+    nrm = e == 0x1Fu ? (0x7F800000u | (m << 13)) : nrm;                    /* inf / NaN */
+    return bits_f32(sign | (e == 0 ? sub : nrm));
 }
 
 /* float -> half bits, round to nearest even; overflow gives inf (callers saturate).
@@ -113,8 +112,7 @@ static float fp8_to_float(uint8_t b) { return half_to_float((uint16_t)(b << 8));
 static uint16_t half_add_sat(uint16_t a, uint16_t b)
 {
     uint16_t s = float_to_half_rne(half_to_float(a) + half_to_float(b));
-    if ((s & 0x7FFFu) == 0x7C00u) s = (uint16_t)(s - 1u);              /* +-inf -> +-65504 */
-    return s;
+    return (uint16_t)((s & 0x7FFFu) == 0x7C00u ? s - 1u : s);          /* +-inf -> +-65504 */
 }
 
 static uint8_t fp8_add_sat(uint8_t a, uint8_t b)
