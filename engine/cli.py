@@ -147,8 +147,16 @@ def cmd_inspect(args):
 
 
 def cmd_bench(args):
-    from comm.bench import bench_main
-    return bench_main(args.rest)
+    """``caffe8 bench ...`` = ``python scripts/allreduce_bench.py ...`` (needs the source tree)."""
+    import runpy
+    script = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                          "scripts", "allreduce_bench.py")
+    if not os.path.exists(script):
+        raise CaffeError(f"{script} not found: `caffe8 bench` runs from a source checkout "
+                         "(pip install -e .)")
+    sys.argv = [script, *args.rest]
+    runpy.run_path(script, run_name="__main__")
+    return 0
 
 
 def build_parser():
