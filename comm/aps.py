@@ -1,4 +1,4 @@
-"""Auto Precision Scaling (seed 001, Han et al.): per-tensor power-of-two scaling into a small float.
+"""Auto Precision Scaling (seed 001, Han et al.): per-tensor power-of-two scale into a small float.
 
 For one tensor g on P ranks:
 
@@ -81,7 +81,7 @@ class APSCodec:
     """APS codec (Horovod compressor shape plus the collective it needs).
 
     ``fmt``: a FloatFormat or a name known to comm.formats ("E5M2", "E4M3", "E3M0", ...).
-    ``compress(tensor, exponent=None, processes=1, iteration=0, name=None) -> (codes, ctx)``;
+    ``compress(tensor, exponent=None, processes=1, *, iteration=0, name=None) -> (codes, ctx)``;
     ``exponent`` is the MAX-allreduced E (default: the tensor's own), ``processes`` the P the
     scale must allow for. ``decompress(codes, ctx)`` → the float values g * 2**k / 2**k (not yet
     divided by P). ``allreduce_mean(comm, array, iteration=0, name=None)`` → mean over ranks.
@@ -97,7 +97,7 @@ class APSCodec:
         """True when this tensor goes as float32 (hybrid precision)."""
         return iteration < self.fp32_iters or (name is not None and name in self.fp32_layers)
 
-    def compress(self, tensor, exponent=None, processes=1, iteration=0, name=None):
+    def compress(self, tensor, exponent=None, processes=1, *, iteration=0, name=None):
         xp = backend.get_array_module(tensor)
         if self.full_precision(iteration, name):
             return xp.asarray(tensor, xp.float32).copy(), (None, tensor.dtype)
@@ -126,7 +126,7 @@ class APSCodec:
         exponent = None
         if not self.full_precision(iteration, name):
             exponent = allreduce_max_int(comm, local_exponent(array))
-        payload, (k, dtype) = self.compress(array, exponent, procs, iteration, name)
+        payload, (k, dtype) = self.compress(array, exponent, procs, iteration=iteration, name=name)
         rows = allgather_equal(comm, backend.to_numpy(payload))
         values = [self._values(xp.asarray(r), k) for r in rows]     # rank order 0..P-1
         total = (kahan_sum if self.kahan else plain_sum)(values, xp)

@@ -125,7 +125,8 @@ class DettmersCodec:
 
     def __init__(self, kind="dynamic_tree"):
         if kind not in KINDS:
-            raise ValueError(f"Unrecognized Dettmers data type: {kind!r}; valid: {', '.join(KINDS)}")
+            raise ValueError(f"Unrecognized Dettmers data type: {kind!r}; "
+                             f"valid: {', '.join(KINDS)}")
         self.kind = kind
         self.table = Table(kind, decade=0)
 

@@ -69,8 +69,9 @@ def scatter_words(total, words, tau):
     """total[i] += +-tau for each word (indices in one message are distinct); in place."""
     xp = backend.get_array_module(total)
     idx, negative = unpack(xp.asarray(words))
-    tau = xp.float32(tau)
-    total[idx] += xp.where(negative, -tau, tau)
+    values = xp.full(idx.size, tau, xp.float32)
+    values[negative] = -values[negative]
+    total[idx] += values
 
 
 class StromCodec:
