@@ -87,7 +87,12 @@ class BaseDataLayer(Layer):
         transform_seq, shuffle_seq = seq.spawn(2)
         self.rng = numpy.random.default_rng(transform_seq)
         self.shuffle_rng = numpy.random.default_rng(shuffle_seq)
-        self.top_shapes = [tuple(s) for s in self.data_setup(top)]
+        try:
+            self.top_shapes = [tuple(s) for s in self.data_setup(top)]
+        except DataError as e:
+            if f"'{self.name}'" in str(e):
+                raise
+            raise DataError(f"layer '{self.name}' (type {self.type}): {e}") from None
         self._consumed = self._state()
         self._prefetcher = Prefetcher(self._produce, self.name, self.prefetch)
 

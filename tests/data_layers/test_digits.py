@@ -73,3 +73,36 @@ def test_second_call_reuses_and_partial_folder_is_refused(root, tmp_path):
     (tmp_path / "half" / "train.txt").write_text("")
     with pytest.raises(DataError, match="half"):
         ensure_digits(str(tmp_path / "half"))
+
+
+def test_concurrent_preparation(tmp_path, monkeypatch):
+    """MPI ranks may all call ensure_digits at once: both succeed, one complete copy remains.
+    (The builder is replaced by a tiny one that waits until both callers are building, so the
+    race on the final rename is certain to happen.)"""
+    import threading
+    from engine import datasets
+    barrier = threading.Barrier(2, timeout=30)
+
+    def tiny_build(folder):
+        barrier.wait()
+        with open(os.path.join(folder, "manifest.json"), "w") as f:
+            json.dump({"format": datasets._FORMAT, "builder": folder}, f)
+
+    monkeypatch.setattr(datasets, "_build_digits", tiny_build)
+    root = str(tmp_path / "digits")
+    results, errors = [], []
+
+    def call():
+        try:
+            results.append(datasets.ensure_digits(root))
+        except Exception as e:  # noqa: BLE001  (reported by the assert below)
+            errors.append(e)
+
+    threads = [threading.Thread(target=call) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors and len(results) == 2
+    assert results[0] == results[1]  # both see the winner's copy
+    assert sorted(os.listdir(tmp_path)) == ["digits"]  # the loser's folder is gone

@@ -70,7 +70,7 @@ def test_resize_and_color(tmp_path):
 
 def test_missing_list_file(tmp_path):
     paths = {"list": str(tmp_path / "none.txt"), "root_folder": ""}
-    with pytest.raises(CaffeError, match="none.txt"):
+    with pytest.raises(CaffeError, match=r"layer 'imagedata' \(type ImageData\).*none.txt"):
         build(layer_text("ImageData", paths, 1))
 
 
