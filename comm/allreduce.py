@@ -51,35 +51,55 @@ class _Scratch:
         return self._buf[:nbytes].view(dtype)
 
 
-def reduce_scatter_ordered(comm, buf, wire, scratch):
-    """Sum of ``buf`` over ``comm``, block ``comm.rank`` only (1/n of buf): a reduce-scatter.
+def _in_place():
+    from comm.mpi import mpi_module
+    return mpi_module().IN_PLACE
 
-    Alltoall hands rank j the j-th block of every rank; rank j then adds the n blocks itself in
-    ascending source rank, ((x0 + x1) + x2) + ..., so the order is fixed and known (the test's
-    NumPy simulation repeats it) instead of whatever MPICH's reduce-scatter picks.
-    Returns a view into scratch memory, valid until the next call with the same scratch.
+
+def reduce_scatter_ordered(comm, buf, wire, scratch):
+    """Reduce-scatter in place: block ``rank`` of ``buf`` becomes the sum of every rank's block.
+
+    ``buf`` is split into n equal blocks. One Alltoallv (no self block: nothing is copied
+    locally) hands rank r the r-th block of every other rank; rank r then adds the n blocks
+    itself in ascending source rank, ((x0 + x1) + x2) + ..., so the order is fixed and known
+    (the tests' NumPy simulation repeats it) rather than whatever MPICH's reduce-scatter picks.
+    The chain ends in ``buf``'s own block: once the running sum reaches the term x_r it is
+    added *into* that block (dst = src + dst is exact-commutative), and later terms follow it.
+    Returns that block (a view of ``buf``).
     """
+    n, r = comm.Get_size(), comm.Get_rank()
+    blocks = buf.reshape(n, -1)
+    if n == 1:
+        return blocks[0]
+    size = blocks.shape[1]
+    items = wire.items(size)
+    recv = scratch.get((n - 1) * size, wire.dtype).reshape(n - 1, size)
+    counts = [items] * n
+    counts[r] = 0
+    sdispls = [j * items for j in range(n)]
+    rdispls = [(j - (j > r)) * items for j in range(n)]   # peer j -> row j (j < r) or j-1
+    rdispls[r] = 0
+    comm.Alltoallv([buf, (counts, sdispls), wire.datatype],
+                   [recv, (counts, rdispls), wire.datatype])
+    own = blocks[r]
+    acc = recv[0] if r != 0 else own
+    for j in range(1, n):
+        if j == r:
+            # the own block joins the chain: the running sum lives in it from now on
+            wire.local_sum(acc, own)
+            acc = own
+        else:
+            wire.local_sum(recv[j - (j > r)], acc)
+    return own
+
+
+def allgather_in_place(comm, buf, wire):
+    """Every rank's block ``rank`` of ``buf`` copied to all ranks (MPI_IN_PLACE allgather)."""
     n = comm.Get_size()
     if n == 1:
-        return buf
-    recv = scratch.get(buf.size, wire.dtype)
-    items = wire.items(buf.size) // n
-    comm.Alltoall([buf, items, wire.datatype], [recv, items, wire.datatype])
-    blocks = recv.reshape(n, -1)
-    acc = blocks[0]
-    for j in range(1, n):
-        wire.local_sum(blocks[j], acc)
-    return acc
-
-
-def allgather_into(comm, piece, buf, wire):
-    """Every rank's ``piece`` concatenated in rank order into ``buf``."""
-    if comm.Get_size() == 1:
-        if piece is not buf:
-            buf[...] = piece
         return
-    items = wire.items(piece.size)
-    comm.Allgather([piece, items, wire.datatype], [buf, items, wire.datatype])
+    items = wire.items(buf.size) // n
+    comm.Allgather(_in_place(), [buf, items, wire.datatype])
 
 
 class Allreduce:
@@ -116,18 +136,13 @@ class FlatAllreduce(Allreduce):
 
     def sum(self, buf, wire, between=None):
         if self.size > 1:
-            self.comm.Allreduce(self._in_place(), wire.spec(buf), wire.op)
+            self.comm.Allreduce(_in_place(), wire.spec(buf), wire.op)
         return buf
-
-    @staticmethod
-    def _in_place():
-        from comm.mpi import mpi_module
-        return mpi_module().IN_PLACE
 
 
 @register_allreduce("rsag")
 class ReduceScatterAllgather(Allreduce):
-    """Explicit reduce-scatter (Alltoall + ordered local sum) then Allgather over all P ranks.
+    """Explicit reduce-scatter (Alltoallv + ordered local sum) then Allgather over all P ranks.
 
     Each rank adds only 1/P of the vector, P-1 times, instead of the whole vector log2(P) times.
     """
@@ -137,8 +152,8 @@ class ReduceScatterAllgather(Allreduce):
         self._scratch = _Scratch()
 
     def sum(self, buf, wire, between=None):
-        piece = reduce_scatter_ordered(self.comm, buf, wire, self._scratch)
-        allgather_into(self.comm, piece, buf, wire)
+        reduce_scatter_ordered(self.comm, buf, wire, self._scratch)
+        allgather_in_place(self.comm, buf, wire)
         return buf
 
 
@@ -159,21 +174,20 @@ class HierarchicalAllreduce(Allreduce):
         self.intra, self.inter = node_comms(comm, processes_per_node)
         self.local_size = self.intra.Get_size()
         self.nodes = self.inter.Get_size()
-        self._scratch_intra = _Scratch()
-        self._scratch_inter = _Scratch()
+        self._scratch = _Scratch()
 
     @property
     def stages(self):
         return (self.local_size, self.nodes)
 
     def sum(self, buf, wire, between=None):
-        piece = reduce_scatter_ordered(self.intra, buf, wire, self._scratch_intra)
+        piece = reduce_scatter_ordered(self.intra, buf, wire, self._scratch)
         if self.nodes > 1:
             if between is not None:
                 between(piece)
-            sub = reduce_scatter_ordered(self.inter, piece, wire, self._scratch_inter)
-            allgather_into(self.inter, sub, piece, wire)
-        allgather_into(self.intra, piece, buf, wire)
+            reduce_scatter_ordered(self.inter, piece, wire, self._scratch)
+            allgather_in_place(self.inter, piece, wire)
+        allgather_in_place(self.intra, buf, wire)
         return buf
 
     def free(self):
