@@ -143,6 +143,11 @@ class Fp8Codec(Codec):
         self.tracker = QuantileTracker(quantile, quantile_interval, samples, seed, rank,
                                        shared_seed)
 
+    @property
+    def quantile_interval(self):
+        """N: iterations between two estimates of q (the trainer logs quantile time over N)."""
+        return self.tracker.interval
+
     def ratio(self, grad, weight):
         """D = grad / (|W| + eps) (elementwise, on grad's device), or grad when not relative."""
         if not self.relative:
