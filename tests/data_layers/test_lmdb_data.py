@@ -96,3 +96,30 @@ def test_corrupt_record_names_lmdb_and_key(tmp_path):
     with pytest.raises(CaffeError, match=r"'c'.*00000001_x.*runs past|c' record '00000001_x'"):
         layer.forward([], tops)
     layer.close()
+
+
+def test_mean_file_with_centre_crop_in_a_layer(tmp_path):
+    from engine.datum import write_mean_file
+    pix = numpy.arange(2 * 5 * 5, dtype=numpy.uint8).reshape(2, 5, 5) * 2
+    mean = numpy.full((2, 5, 5), 10, numpy.float32)
+    mean[1] = 20
+    mean[0, 2, 2] = 0  # marks the centre: it must line up with the pixel it belongs to
+    write_mean_file(str(tmp_path / "m.binaryproto"), mean)
+    p = write_lmdb(tmp_path / "db", [encode_datum(2, 5, 5, pix.tobytes(), 1)])
+    tp = f'crop_size: 3 mean_file: "{tmp_path}/m.binaryproto" scale: 0.5'
+    layer, tops = build(layer_text("Data", p, 1, transform=tp), "TEST")
+    (data, _), = batches(layer, tops, 1)
+    # centre offset (5-3)//2 = 1; (pixel - mean) * 0.5 with pixel = 2 * (25c + 5h + w)
+    expect = numpy.empty((2, 3, 3), numpy.float32)
+    for c in range(2):
+        for h in range(3):
+            for w in range(3):
+                expect[c, h, w] = (2 * (25 * c + 5 * (h + 1) + w + 1) - mean[c, h + 1, w + 1]) * 0.5
+    numpy.testing.assert_array_equal(data[0], expect)
+    assert data[0, 0, 1, 1] == 2 * (5 * 2 + 2) * 0.5  # the centre pixel met the zero mean
+
+
+def test_legacy_and_new_transform_field_together_is_an_error(tmp_path):
+    p = write_lmdb(tmp_path / "db", [encode_datum(1, 1, 1, b"\x01", 0)])
+    with pytest.raises(CaffeError, match="scale is set both"):
+        build(layer_text("Data", p, 1, transform="scale: 2", extra="scale: 3"))
