@@ -3,7 +3,8 @@
 ctypes releases the GIL for the length of each foreign call, so the communication thread's
 reductions run beside the compute thread. The library is looked up, in order:
 
-1. built next to this package at install time (setup.py's ``comm._kernels`` extension);
+1. built next to this package at install time (setup.py's ``comm._kernels`` extension), unless
+   it is older than kernels.c (a stale in-place build: then 2., and this only if 2. fails);
 2. the per-user cache (``$CAFFE8_CACHE_DIR``, else ``$XDG_CACHE_HOME/caffe8``, else
    ``~/.cache/caffe8``), compiled there once from the source with the system ``cc`` — under a
    file lock and published by an atomic rename, so MPI ranks starting together never load a
@@ -123,18 +124,26 @@ class _FileLock:
 
 
 def _find_library():
-    for path in sorted(glob.glob(os.path.join(_HERE, "_kernels*.so"))
-                       + glob.glob(os.path.join(_HERE, "_kernels*.pyd"))
-                       + glob.glob(os.path.join(_HERE, "_kernels*.dylib"))):
-        lib = _load(path)
-        if lib is not None:
-            return lib, path
-    path = _compile_into_cache()
-    if path is not None:
-        lib = _load(path)
+    """(CDLL, file) of the best library available, or (None, None)."""
+    packaged = sorted(glob.glob(os.path.join(_HERE, "_kernels*.so"))
+                      + glob.glob(os.path.join(_HERE, "_kernels*.dylib")))
+    # A packaged build older than the source (an in-place build, then kernels.c edited) is
+    # stale: prefer a fresh cache build, and use the old one only if that fails.
+    fresh = [p for p in packaged if not _older_than_source(p)]
+    candidates = (path for group in (fresh, [_compile_into_cache], packaged) for path in group)
+    for path in candidates:
+        path = path() if callable(path) else path          # compile only when reached
+        lib = _load(path) if path else None
         if lib is not None:
             return lib, path
     return None, None
+
+
+def _older_than_source(path):
+    try:
+        return os.path.getmtime(path) < os.path.getmtime(_SOURCE)
+    except OSError:
+        return False
 
 
 def _declare(lib):
