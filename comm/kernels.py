@@ -175,7 +175,12 @@ def _initialise():
         _available = [name for name in cpu if name == "portable" or _self_check_ok(name)]
         _available.append("numpy")
     forced = os.environ.get("CAFFE8_KERNEL_PATH")
-    use_path(forced if forced else _available[0])
+    if forced and forced not in _available:
+        # An import must not fail on a setting meant for another machine: say so, go on.
+        warnings.warn(f"comm.kernels: CAFFE8_KERNEL_PATH={forced!r} is not available here "
+                      f"({_available}); using {_available[0]!r}", RuntimeWarning)
+        forced = None
+    use_path(forced or _available[0])
 
 
 def self_check(name):

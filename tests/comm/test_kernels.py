@@ -162,8 +162,8 @@ def test_argument_checks():
 
 
 def run_python(code, env_extra, cwd=REPO):
-    env = dict(os.environ, PYTHONPATH=REPO, **env_extra)
-    env.pop("CAFFE8_KERNEL_PATH", None)
+    env = {k: v for k, v in os.environ.items() if k != "CAFFE8_KERNEL_PATH"}
+    env.update(PYTHONPATH=REPO, **env_extra)
     return subprocess.Popen([sys.executable, "-W", "always", "-c", code], cwd=cwd, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
@@ -211,3 +211,11 @@ def test_load_time_self_check_passes_and_catches_a_broken_path(monkeypatch):
 
     monkeypatch.setattr(kernels._lib, f"c8_fp8_sum_{name}", off_by_one_code_somewhere)
     assert kernels.self_check(name) == ["fp8_sum"]
+
+
+def test_environment_forces_a_path_and_ignores_an_unavailable_one():
+    code = "from comm import kernels; print(kernels.current_path())"
+    out, _ = run_python(code, {"CAFFE8_KERNEL_PATH": "numpy"}).communicate(timeout=120)
+    assert out.strip() == "numpy"
+    out, err = run_python(code, {"CAFFE8_KERNEL_PATH": "vax"}).communicate(timeout=120)
+    assert out.strip() == kernels.paths()[0] and "not available" in err
