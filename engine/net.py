@@ -18,9 +18,9 @@ from collections import OrderedDict
 
 import numpy
 
-from engine import backend
+from engine import backend, net_hdf5
 from engine.blob import Blob
-from engine.errors import CaffeError, DataError, LayerError
+from engine.errors import CaffeError, LayerError
 from engine.layer import create_layer
 from engine.net_graph import filter_net, insert_splits, upgrade_net_input
 from engine.prototxt import Message, parse_file
@@ -267,9 +267,10 @@ class Net:
     def _flatten_params(self):
         """Move owned learnable params into flat_data/flat_diff (learnable order) as views."""
         total = sum(b.count for b in self.learnable_params)
-        for b in self.learnable_params:
-            if b.dtype != self.dtype:
-                raise LayerError("?", f"parameter of dtype {b.dtype} in a {self.dtype} net")
+        for i, k in self.param_layer_indices:
+            if self.layers[i].blobs[k].dtype != self.dtype:
+                raise LayerError(self.layer_names[i], f"param {k} has dtype "
+                                 f"{self.layers[i].blobs[k].dtype} in a {self.dtype} net")
         xp = (backend.get_array_module(self.learnable_params[0].data)
               if self.learnable_params else backend.xp)
         self.flat_data = xp.zeros(total, dtype=self.dtype)
@@ -379,57 +380,14 @@ class Net:
                                      f"{s.shape}, target shape {mine.shape}")
                 mine.data = s.data
 
-    def _owned(self, i, k):
-        net_id = self.param_layer_indices.index((i, k))
-        return self.param_owners[net_id] is None
+    def owns_param(self, i, k):
+        """True unless param ``k`` of layer ``i`` is shared from another layer's param."""
+        return self.param_owners[self.param_layer_indices.index((i, k))] is None
 
     def copy_trained_layers_from(self, path):
         """Load a Caffe-layout HDF5 model (``/data/<layer>/<i>``) by layer name."""
-        import h5py
-        if not str(path).endswith(".h5"):
-            raise DataError(f"{path}: only HDF5 model files (.h5) are supported")
-        try:
-            f = h5py.File(path, "r")
-        except OSError as e:
-            raise DataError(f"{path}: cannot open HDF5 model: {e}") from None
-        with f:
-            if "data" not in f:
-                raise DataError(f"{path}: no /data group (not a Caffe HDF5 model)")
-            for i, layer in enumerate(self.layers):
-                group = f["data"].get(layer.name)
-                if isinstance(group, h5py.Group):
-                    self._copy_layer(path, i, layer, group)
-
-    def _copy_layer(self, path, i, layer, group):
-        import h5py
-        present = {int(k) for k, v in group.items() if k.isdigit() and isinstance(v, h5py.Dataset)}
-        if present and max(present) >= len(layer.blobs):
-            raise DataError(f"{path}: layer '{layer.name}': incompatible number of blobs "
-                            f"({max(present) + 1} in the file, {len(layer.blobs)} in the net)")
-        for k, blob in enumerate(layer.blobs):
-            if k not in present:
-                if self._owned(i, k):  # only a shared (non-owner) param may be absent
-                    raise DataError(f"{path}: layer '{layer.name}': param {k} missing "
-                                    f"(incompatible number of blobs)")
-                continue
-            values = group[str(k)][...]
-            if tuple(values.shape) != blob.shape:
-                raise DataError(f"{path}: layer '{layer.name}' param {k}: shape mismatch, file "
-                                f"has {tuple(values.shape)}, net has {blob.shape}")
-            blob.data[...] = backend.to_device(values.astype(blob.dtype), like=blob.data)
+        net_hdf5.copy_trained_layers(self, path)
 
     def to_hdf5(self, path, write_diff=False):
-        """Write Caffe's HDF5 model layout; every layer gets a group, shared params are skipped
-        under /data. Names with '/' become nested groups, which h5py reads back by path."""
-        import h5py
-        with h5py.File(path, "w") as f:
-            trees = [("data", False)] + ([("diff", True)] if write_diff else [])
-            for tree, is_diff in trees:
-                root = f.create_group(tree)
-                for i, layer in enumerate(self.layers):
-                    group = root.require_group(layer.name)
-                    for k, blob in enumerate(layer.blobs):
-                        if not is_diff and not self._owned(i, k):
-                            continue
-                        arr = blob.diff if is_diff else blob.data
-                        group.create_dataset(str(k), data=backend.to_numpy(arr))
+        """Write Caffe's HDF5 model layout (``engine.net_hdf5``)."""
+        net_hdf5.write_model(self, path, write_diff)

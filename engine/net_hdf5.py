@@ -1,0 +1,62 @@
+"""Caffe's HDF5 model layout for a Net (``Net::ToHDF5`` / ``CopyTrainedLayersFromHDF5``).
+
+``/data/<layer name>/<i>``: one group per layer (also layers without params), dataset ``i`` per
+param Blob with the Blob's N-d shape; shared (non-owner) params are not written under /data.
+``write_diff`` adds ``/diff/<layer>/<i>`` for every param, shared ones included. Layer names with
+'/' (GoogLeNet) become nested groups; h5py reads them back by path, so they round-trip (Caffe
+itself fails there, BVLC/caffe#4267). Loading copies by layer name and ignores unknown layers.
+"""
+import h5py
+
+from engine import backend
+from engine.errors import DataError
+
+
+def copy_trained_layers(net, path):
+    """Copy params of same-named layers from the HDF5 model at ``path`` into ``net``."""
+    if not str(path).endswith(".h5"):
+        raise DataError(f"{path}: only HDF5 model files (.h5) are supported")
+    try:
+        f = h5py.File(path, "r")
+    except OSError as e:
+        raise DataError(f"{path}: cannot open HDF5 model: {e}") from None
+    with f:
+        if "data" not in f:
+            raise DataError(f"{path}: no /data group (not a Caffe HDF5 model)")
+        for i, layer in enumerate(net.layers):
+            group = f["data"].get(layer.name)
+            if isinstance(group, h5py.Group):
+                _copy_layer(net, path, i, layer, group)
+
+
+def _copy_layer(net, path, i, layer, group):
+    present = {int(k) for k, v in group.items() if k.isdigit() and isinstance(v, h5py.Dataset)}
+    if present and max(present) >= len(layer.blobs):
+        raise DataError(f"{path}: layer '{layer.name}': incompatible number of blobs "
+                        f"({max(present) + 1} in the file, {len(layer.blobs)} in the net)")
+    for k, blob in enumerate(layer.blobs):
+        if k not in present:
+            if net.owns_param(i, k):  # only a shared (non-owner) param may be absent
+                raise DataError(f"{path}: layer '{layer.name}': param {k} missing "
+                                f"(incompatible number of blobs)")
+            continue
+        values = group[str(k)][...]
+        if tuple(values.shape) != blob.shape:
+            raise DataError(f"{path}: layer '{layer.name}' param {k}: shape mismatch, file "
+                            f"has {tuple(values.shape)}, net has {blob.shape}")
+        blob.data[...] = backend.to_device(values.astype(blob.dtype), like=blob.data)
+
+
+def write_model(net, path, write_diff=False):
+    """Write ``net``'s params (and optionally diffs) to ``path`` in Caffe's HDF5 layout."""
+    with h5py.File(path, "w") as f:
+        trees = [("data", False)] + ([("diff", True)] if write_diff else [])
+        for tree, is_diff in trees:
+            root = f.create_group(tree)
+            for i, layer in enumerate(net.layers):
+                group = root.require_group(layer.name)
+                for k, blob in enumerate(layer.blobs):
+                    if not is_diff and not net.owns_param(i, k):
+                        continue
+                    arr = blob.diff if is_diff else blob.data
+                    group.create_dataset(str(k), data=backend.to_numpy(arr))
