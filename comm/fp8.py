@@ -182,7 +182,17 @@ def decode(b):
         raise TypeError(f"comm.fp8.decode: codes must be uint8, got {b.dtype}")
     if _is_gpu(xp):
         return _cuda_kernel("decode")(b)
-    return decode_numpy(b)
+    return _decode_host(b)
+
+
+def _decode_host(b):
+    from comm import kernels
+    if kernels.current_path() == "numpy":
+        return decode_numpy(b)
+    flat = numpy.ascontiguousarray(b).reshape(-1)
+    out = numpy.empty(flat.shape, numpy.float32)
+    kernels.decode_fp8(flat, out)
+    return out.reshape(b.shape)
 
 
 def encode_ratio(grad, weight, eps, scale, rounding="nearest"):
