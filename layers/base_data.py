@@ -7,10 +7,16 @@ the layer's dtype). This class adds:
 * sharding (SPEC §2.3): the Net sets ``layer.rank`` / ``layer.world`` before setup; a layer keeps
   the records whose index ≡ rank (mod world) and reads the full ``batch_size`` from them, in TRAIN
   *and* TEST (caffe8 averages test results over all ranks, unlike Caffe);
-* a per-layer random generator ``self.rng`` seeded once from ``backend.rng()`` at setup (shuffle,
-  crop, mirror), so prefetching never interleaves with the main thread's random draws;
+* per-layer random generators seeded once from ``backend.rng()`` at setup — ``self.rng`` (crop,
+  mirror) and ``self.shuffle_rng`` (epoch order, rand_skip) — so prefetching never interleaves
+  with the main thread's random draws;
 * the prefetch thread (``engine.prefetch``) and the copy of each batch into the top Blobs (to the
-  GPU when the Blobs live there).
+  GPU when the Blobs live there); ``decode_threads`` > 1 decodes one batch's images in parallel
+  (``map_ordered``), still deterministically;
+* ``get_state()`` / ``set_state(state)``: the JSON-able reader position after the last batch
+  *consumed* (not merely prefetched), which the trainer stores in solver snapshots so a resumed
+  run reads exactly the batches an uninterrupted one would;
+* ``close()``: stops the threads and releases files (dropping the layer also ends its thread).
 """
 import os
 from concurrent.futures import ThreadPoolExecutor
