@@ -215,3 +215,56 @@ def test_inspect_with_data_shapes_and_error(capsys):
     assert "ip2_ip2_0_split" in out and out.endswith("Total parameters: 431080\n")
     assert inspect_main([os.path.join(ROOT, "no/such.prototxt")]) == 1
     assert "cannot read prototxt" in capsys.readouterr().err
+
+
+# --- the Net's backward wiring with the real layers, against finite differences -------------------
+FD_NET = """
+layer { name: "in" type: "Input" top: "data" top: "label"
+  input_param { shape { dim: 2 dim: 1 dim: 8 dim: 8 } shape { dim: 2 } } }
+layer { name: "conv" type: "Convolution" bottom: "data" top: "conv"
+  convolution_param { num_output: 3 kernel_size: 3 weight_filler { type: "gaussian" std: 0.5 }
+                      bias_filler { type: "gaussian" std: 0.5 } } }
+layer { name: "relu" type: "ReLU" bottom: "conv" top: "conv" relu_param { negative_slope: 0.1 } }
+layer { name: "pool" type: "Pooling" bottom: "conv" top: "pool"
+  pooling_param { pool: AVE kernel_size: 2 stride: 2 } }
+layer { name: "ip1" type: "InnerProduct" bottom: "pool" top: "ip1" loss_weight: 0.5
+  inner_product_param { num_output: 5 weight_filler { type: "gaussian" std: 0.5 }
+                        bias_filler { type: "gaussian" std: 0.5 } } }
+layer { name: "ip2" type: "InnerProduct" bottom: "ip1" top: "ip2"
+  param { name: "shared_w" } param { lr_mult: 0 }
+  inner_product_param { num_output: 5 weight_filler { type: "gaussian" std: 0.5 } } }
+layer { name: "ip3" type: "InnerProduct" bottom: "ip2" top: "ip3" param { name: "shared_w" }
+  inner_product_param { num_output: 5 weight_filler { type: "gaussian" std: 0.5 } } }
+layer { name: "loss" type: "SoftmaxWithLoss" bottom: "ip3" bottom: "label" top: "loss" }
+layer { name: "acc" type: "Accuracy" bottom: "ip3" bottom: "label" top: "acc" }
+"""
+
+
+def test_net_gradients_match_finite_differences_with_real_layers():
+    """Splits (ip1 feeds ip2 and carries loss_weight 0.5; label feeds two layers), an in-place
+    leaky ReLU, a weight shared by ip2 and ip3, an lr_mult 0 bias: every learnable param's analytic
+    gradient equals the central difference of the net's loss."""
+    net = Net(parse_text(FD_NET, "fd.prototxt"), dtype=numpy.float64)
+    rng = numpy.random.default_rng(1)
+    net.blobs["data"].data[...] = rng.standard_normal((2, 1, 8, 8))
+    net.blobs["label"].data[...] = [1, 3]
+    assert [l.type for l in net.layers].count("Split") == 3   # label, ip1, ip3
+    net.clear_param_diffs()
+    net.forward_backward()
+    analytic = net.flat_diff.copy()
+    ip2_bias = net.learnable_params.index(net.params["ip2"][1])
+    assert not analytic[net.param_slices[ip2_bias]].any()   # lr_mult 0: no gradient
+    assert len(net.learnable_params) == 7                    # ip3's weight is ip2's
+    eps = 1e-6
+    for sl, lr in zip(net.param_slices, net.params_lr):
+        if lr == 0:
+            continue
+        for idx in rng.choice(numpy.arange(sl.start, sl.stop), min(4, sl.stop - sl.start),
+                              replace=False):
+            old = net.flat_data[idx]
+            net.flat_data[idx] = old + eps
+            up = net.forward_loss()
+            net.flat_data[idx] = old - eps
+            down = net.forward_loss()
+            net.flat_data[idx] = old
+            assert analytic[idx] == pytest.approx((up - down) / (2 * eps), rel=1e-5, abs=1e-8), idx

@@ -248,6 +248,15 @@ def test_duplicate_top_names_the_layer():
         build(text)
 
 
+def test_in_place_layer_on_a_split_blob_is_an_error_as_in_caffe():
+    """Caffe renames the consumer's bottom to a split top but keeps its in-place top name, so
+    the name then has two producers ("produced by multiple sources") -- the same here."""
+    text = (DATA + linear("a", "x", "y", extra="loss_weight: 1") +
+            'layer { name: "d" type: "NTDouble" bottom: "y" top: "y" }\n')
+    with pytest.raises(LayerError, match="layer 'd'.*'y' produced by multiple sources"):
+        build(text)
+
+
 def test_loss_weight_count_must_match_tops():
     text = DATA.replace('top: "t"', 'top: "t" loss_weight: 1 loss_weight: 1 loss_weight: 1')
     with pytest.raises(CaffeError, match="loss_weight must be unspecified or given once per top"):
