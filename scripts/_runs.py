@@ -30,7 +30,7 @@ from engine.prototxt import parse_file, to_text  # noqa: E402
 CODEC_ALIASES = {"float": "fp32", "float32": "fp32", "half": "fp16", "float16": "fp16"}
 CSV_FIELDS = ("mode", "p", "codec", "async", "processes_per_node", "batch_per_process",
               "global_batch", "iterations", "mean_iter_s", "median_iter_s", "throughput_samples_s", "speedup",
-              "run_dir")
+              "load_1min", "run_dir")
 
 
 # --- argument helpers ------------------------------------------------------------------------
@@ -238,7 +238,8 @@ def iteration_walls(records, skip):
 
 
 def run_point(args, p, codec, asynchronous, batch):
-    """Train once on ``p`` processes; return ({iteration: seconds}, run folder, processes/node)."""
+    """Train once on ``p`` processes; return ({iteration: seconds}, run folder, processes per
+    node, 1-minute load average when it started)."""
     ppn = min(args.processes_per_node, p) if args.processes_per_node else 0
     if ppn and p % ppn:
         raise CaffeError(f"--processes-per-node {ppn} does not divide p = {p}")
@@ -250,13 +251,15 @@ def run_point(args, p, codec, asynchronous, batch):
     logs = [os.path.join(run_dir, f"timing.r{rank}.jsonl") for rank in range(p)]
     cmd = train_command(p, solver, logs, args.python, args.mpiexec)
     print(f"[{tag}] {' '.join(cmd[:8])} ...", flush=True)
+    # On a shared machine the other jobs' load is the main source of noise: keep it with the run.
+    load = os.getloadavg()[0]
     run_job(cmd, args.timeout, os.path.join(run_dir, "train.log"))
     records = [rec for path in logs for rec in read_timing_log(path)]
     walls = iteration_walls(records, args.skip)
     if not walls:
         raise CaffeError(f"{run_dir}: no timing records after skipping {args.skip} iteration(s); "
                          f"raise --max-iter")
-    return walls, run_dir, ppn
+    return walls, run_dir, ppn, load
 
 
 def mean_median(values):
@@ -331,7 +334,7 @@ def sweep(args, mode):
             for p in procs:
                 batch = batch_for(mode, args, net_batch, p)
                 try:
-                    walls, run_dir, ppn = baseline if p == 1 else \
+                    walls, run_dir, ppn, load = baseline if p == 1 else \
                         run_point(args, p, codec, asynchronous, batch)
                 except CaffeError as e:
                     failures.append((p, codec, asynchronous, str(e)))
@@ -343,7 +346,7 @@ def sweep(args, mode):
                              "global_batch": batch * p, "iterations": len(walls),
                              "mean_iter_s": mean, "median_iter_s": median,
                              "throughput_samples_s": batch * p / mean,
-                             "speedup": batch * p / mean / base,
+                             "speedup": batch * p / mean / base, "load_1min": load,
                              "run_dir": os.path.relpath(run_dir, args.out)})
     return rows, failures
 

@@ -105,7 +105,7 @@ def _check_rows(rows, out, batches):
         assert float(row["median_iter_s"]) == pytest.approx((walls[0] + walls[1]) / 2, rel=1e-7)
         assert int(row["batch_per_process"]) == batches[p]
         assert int(row["global_batch"]) == batches[p] * p
-        assert int(row["iterations"]) == 2
+        assert int(row["iterations"]) == 2 and float(row["load_1min"]) >= 0
         tput = batches[p] * p / t
         assert float(row["throughput_samples_s"]) == pytest.approx(tput, rel=1e-7)
         if p == 1:
