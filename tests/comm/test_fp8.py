@@ -79,10 +79,18 @@ def test_encode_nearest_every_float16_value(encoder):
     assert same_codes_nan_aware(got, ref_nearest(ALL_HALVES))
 
 
-def test_encode_nearest_ten_million_random(encoder):
-    for seed in range(5):                       # 5 x 2 M = 10 M values
-        x = random_float32(2_000_000, seed)
-        assert numpy.array_equal(encoder(x, "nearest"), ref_nearest(x)), f"seed {seed}"
+def test_encode_nearest_ten_million_random_on_every_path():
+    before = kernels.current_path()
+    try:
+        for seed in range(5):                   # 5 x 2 M = 10 M values
+            x = random_float32(2_000_000, seed)
+            ref = ref_nearest(x)
+            assert numpy.array_equal(fp8.encode_numpy(x), ref), f"numpy, seed {seed}"
+            for path in kernels.paths():
+                kernels.use_path(path)
+                assert numpy.array_equal(fp8.encode(x), ref), f"{path}, seed {seed}"
+    finally:
+        kernels.use_path(before)
 
 
 def test_encode_nearest_every_midpoint_and_neighbours(encoder):
