@@ -192,10 +192,11 @@ def self_check(name):
     lengths for the loop tails. About a millisecond.
     """
     codes = numpy.arange(256, dtype=numpy.uint8)
-    pairs = (numpy.repeat(codes, 256), numpy.tile(codes, 256))
+    # [1:] and [3:]: odd lengths and unaligned starts, so the SIMD tails run too
+    pairs = (numpy.repeat(codes, 256)[1:], numpy.tile(codes, 256)[1:])
     halves = numpy.arange(65536, dtype=numpy.uint16)
     against = numpy.float16([0.0, 1.0, -65504.0, 3.0e-5]).view(numpy.uint16)
-    half_pairs = (numpy.tile(halves, 4), numpy.repeat(against, 65536))
+    half_pairs = (numpy.tile(halves, 4)[3:], numpy.repeat(against, 65536)[3:])
     x = halves.view(numpy.float16).astype(numpy.float32)[:-3]      # odd length
     cases = {
         "fp8_sum": lambda fn: _run_sum(fn, *pairs),
