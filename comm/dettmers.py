@@ -27,7 +27,7 @@ normalised to [-1, 1]):
 
 The seed's worked example ("0.2345678 approximated as 0.236719 instead of 0.23125 or 0.2") does
 not follow from any equal-width bisection of (0.1, 1) we could derive, so the midpoint
-construction above is the definition used here; docs and the Table 2 script say so.
+construction above is the definition used here (docs/dettmers_table2.md).
 """
 import numpy
 
