@@ -37,9 +37,9 @@ class FloatFormat:
     """
 
     def __init__(self, exp_bits, man_bits, bias=None, saturate=True, special="ieee", name=None):
-        if exp_bits < 1 or man_bits < 0 or 1 + exp_bits + man_bits > 16:
-            raise ValueError(f"FloatFormat: need exp_bits >= 1, man_bits >= 0 and at most 16 bits "
-                             f"in all, got exp_bits={exp_bits} man_bits={man_bits}")
+        if not 1 <= exp_bits <= 8 or man_bits < 0 or 1 + exp_bits + man_bits > 16:
+            raise ValueError(f"FloatFormat: need 1 <= exp_bits <= 8, man_bits >= 0 and at most 16 "
+                             f"bits in all, got exp_bits={exp_bits} man_bits={man_bits}")
         if special not in _SPECIALS:
             raise ValueError(f"FloatFormat: special must be one of {_SPECIALS}, got {special!r}")
         self.exp_bits, self.man_bits = int(exp_bits), int(man_bits)
@@ -82,8 +82,8 @@ class FloatFormat:
         return -v if neg else v
 
     def _decode_table(self):
-        # float32 holds every value of these formats exactly (at most 15 bits of exponent range
-        # beyond float32's is refused implicitly: bias is small for <= 16-bit formats).
+        # float32 holds every value exactly: exp_bits <= 8 (checked in __init__) keeps the
+        # exponent range inside float32's, and man_bits <= 14 inside its 23-bit mantissa.
         return numpy.array([self._code_value(c) for c in range(1 << self.bits)], numpy.float32)
 
     def _largest_finite_code(self):
@@ -129,8 +129,9 @@ class FloatFormat:
         return self._encode_nearest(x, xp)
 
     def _encode_nearest(self, x, xp):
-        # float64 holds every float32/float16 input exactly, and dividing by a power of two is
-        # exact, so rint() below is the only rounding: nearest, ties to even (IEEE default).
+        # float64 holds every float32/float16 input exactly; r = a / quantum (a power of two)
+        # and frac = r - floor(r) are exact too, so the comparisons with 0.5 below decide the
+        # rounding exactly: one rounding, no double rounding.
         a = xp.abs(x.astype(xp.float64))
         finite = xp.isfinite(a)
         a_safe = xp.where(finite, a, 0.0)

@@ -18,6 +18,7 @@ SAME_AS_ML_DTYPES = [
     (FloatFormat(3, 2, special="none"), ml_dtypes.float6_e3m2fn),
     (FloatFormat(2, 3, special="none"), ml_dtypes.float6_e2m3fn),
     (formats.FP16, numpy.float16),
+    (FloatFormat(8, 7, name="BF16"), ml_dtypes.bfloat16),
 ]
 IDS = [f.name for f, _ in SAME_AS_ML_DTYPES]
 
@@ -141,6 +142,8 @@ def test_truncate_only_for_e5m2_and_bad_arguments():
         formats.E4M3.encode(numpy.ones(2, numpy.float32), rounding="up")
     with pytest.raises(ValueError, match="exp_bits"):
         FloatFormat(0, 3)
+    with pytest.raises(ValueError, match="exp_bits"):
+        FloatFormat(9, 2)
     with pytest.raises(ValueError, match="special"):
         FloatFormat(4, 3, special="fnuz")
     with pytest.raises(ValueError, match="E4M3"):
