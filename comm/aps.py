@@ -20,7 +20,8 @@ Hybrid precision (seed §4): ``fp32_iters`` = K sends float32 for iterations < K
 ``fp32_layers`` names tensors (e.g. the last layer) that always go as float32; both are codec
 parameters, checked by ``full_precision(iteration, name)``.
 
-Formats of 4 bits or fewer are sent one code per byte (not packed two to a byte).
+Formats of 4 bits or fewer (E3M0, E2M1) go two codes to a byte (``pack_nibbles``); wider ones
+up to 8 bits one per byte, up to 16 bits as uint16.
 A tensor of zeros (or one whose max |value| is not finite) has no exponent: it gets k = 0, so
 NaN/Inf reach the format's NaN code / saturation instead of being scaled.
 """
@@ -53,6 +54,24 @@ def scale_exponent(exponent, fmt, processes):
     return j - exponent - 1
 
 
+def pack_nibbles(codes):
+    """uint8 codes < 16 (flat, length n) → ceil(n / 2) bytes: code 2i in the low nibble of byte
+    i, code 2i+1 in the high nibble (a zero nibble pads an odd length)."""
+    xp = backend.get_array_module(codes)
+    if codes.size % 2:
+        codes = xp.concatenate([codes, xp.zeros(1, xp.uint8)])
+    return (codes[0::2] | (codes[1::2] << 4)).astype(xp.uint8)
+
+
+def unpack_nibbles(packed, n):
+    """Inverse of :func:`pack_nibbles`: the first ``n`` 4-bit codes as uint8."""
+    xp = backend.get_array_module(packed)
+    codes = xp.empty(2 * packed.size, xp.uint8)
+    codes[0::2] = packed & 0x0F
+    codes[1::2] = packed >> 4
+    return codes[:n]
+
+
 def plain_sum(rows, xp):
     """Sum of the float32 arrays ``rows`` in their order (float32 adds)."""
     total = xp.zeros_like(rows[0], dtype=xp.float32)
@@ -81,9 +100,11 @@ class APSCodec:
     """APS codec (Horovod compressor shape plus the collective it needs).
 
     ``fmt``: a FloatFormat or a name known to comm.formats ("E5M2", "E4M3", "E3M0", ...).
-    ``compress(tensor, exponent=None, processes=1, *, iteration=0, name=None) -> (codes, ctx)``;
+    ``compress(tensor, exponent=None, processes=1, *, iteration=0, name=None) -> (payload, ctx)``
+    (payload: flat codes, nibble-packed for <= 4-bit formats, or float32 under hybrid precision;
+    ctx = (k or None, dtype, shape));
     ``exponent`` is the MAX-allreduced E (default: the tensor's own), ``processes`` the P the
-    scale must allow for. ``decompress(codes, ctx)`` → the float values g * 2**k / 2**k (not yet
+    scale must allow for. ``decompress(payload, ctx)`` → the float values g * 2**k / 2**k (not yet
     divided by P). ``allreduce_mean(comm, array, iteration=0, name=None)`` → mean over ranks.
     """
 
@@ -100,20 +121,26 @@ class APSCodec:
     def compress(self, tensor, exponent=None, processes=1, *, iteration=0, name=None):
         xp = backend.get_array_module(tensor)
         if self.full_precision(iteration, name):
-            return xp.asarray(tensor, xp.float32).copy(), (None, tensor.dtype)
+            return xp.asarray(tensor, xp.float32).ravel().copy(), (None, tensor.dtype, tensor.shape)
         e = local_exponent(tensor) if exponent is None else exponent
         k = scale_exponent(e, self.fmt, processes)
         # ldexp in float64 is exact; FloatFormat.encode rounds once, to nearest even.
-        codes = self.fmt.encode(xp.ldexp(xp.asarray(tensor, xp.float64), k))
-        return codes, (k, tensor.dtype)
+        codes = self.fmt.encode(xp.ldexp(xp.asarray(tensor, xp.float64), k)).ravel()
+        if self.fmt.bits <= 4:
+            codes = pack_nibbles(codes)
+        return codes, (k, tensor.dtype, tensor.shape)
 
-    def decompress(self, codes, ctx):
-        k, dtype = ctx
-        return self._unscale(self._values(codes, k), k).astype(dtype, copy=False)
+    def decompress(self, payload, ctx):
+        k, dtype, shape = ctx
+        values = self._values(payload, k, int(numpy.prod(shape)))
+        return self._unscale(values, k).reshape(shape).astype(dtype, copy=False)
 
-    def _values(self, payload, k):
+    def _values(self, payload, k, n):
         """float32 values on the wire scale (codes decoded, or the float32 payload itself)."""
-        return payload if k is None else self.fmt.decode(payload)
+        if k is None:
+            return payload
+        codes = unpack_nibbles(payload, n) if self.fmt.bits <= 4 else payload
+        return self.fmt.decode(codes)
 
     def _unscale(self, values, k):
         xp = backend.get_array_module(values)
@@ -126,9 +153,10 @@ class APSCodec:
         exponent = None
         if not self.full_precision(iteration, name):
             exponent = allreduce_max_int(comm, local_exponent(array))
-        payload, (k, dtype) = self.compress(array, exponent, procs, iteration=iteration, name=name)
+        payload, (k, dtype, _) = self.compress(array, exponent, procs, iteration=iteration,
+                                               name=name)
         rows = allgather_equal(comm, backend.to_numpy(payload))
-        values = [self._values(xp.asarray(r), k) for r in rows]     # rank order 0..P-1
+        values = [self._values(xp.asarray(r), k, array.size) for r in rows]   # rank order
         total = (kahan_sum if self.kahan else plain_sum)(values, xp)
         mean = self._unscale(total, k) / numpy.float32(procs)
         return mean.reshape(array.shape).astype(dtype, copy=False)

@@ -9,8 +9,8 @@ import ml_dtypes
 import numpy
 import pytest
 
-from comm.aps import (NO_EXPONENT, APSCodec, kahan_sum, local_exponent, plain_sum,
-                      scale_exponent)
+from comm.aps import (NO_EXPONENT, APSCodec, kahan_sum, local_exponent, pack_nibbles,
+                      plain_sum, scale_exponent, unpack_nibbles)
 from comm.formats import get_format
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -69,7 +69,8 @@ def test_no_overflow_after_summing_processes(name, processes):
     assert e == 1
     parts = [codec.compress(g, e, processes) for g in gs]
     k = parts[0][1][0]
-    scaled = [fmt.decode(codes).astype(numpy.float64) for codes, _ in parts]
+    # scaled = what went on the wire (decompress undoes 2**k exactly; ldexp redoes it)
+    scaled = [numpy.ldexp(codec.decompress(*p).astype(numpy.float64), k) for p in parts]
     total = numpy.abs(numpy.sum(scaled, axis=0))
     assert total.max() <= fmt.max
     # every partial sum, rounded into the format again, stays finite and below saturation
@@ -87,10 +88,32 @@ def test_round_trip_matches_ml_dtypes(name, dtype):
     rng = numpy.random.default_rng(4)
     x = (rng.standard_normal(500) * 2.0 ** rng.integers(-20, 5, 500)).astype(numpy.float32)
     codec = APSCodec(name)
-    codes, (k, _) = codec.compress(x, processes=3)
+    codes, ctx = codec.compress(x, processes=3)
+    k = ctx[0]
     ref = numpy.ldexp(numpy.ldexp(x.astype(numpy.float64), k).astype(dtype).astype(numpy.float64),
                       -k)
-    numpy.testing.assert_array_equal(codec.decompress(codes, (k, numpy.float32)), ref)
+    numpy.testing.assert_array_equal(codec.decompress(codes, ctx), ref)
+
+
+def test_nibble_packing_hand_computed():
+    packed = pack_nibbles(numpy.array([1, 2, 15, 0, 7], numpy.uint8))
+    assert packed.tolist() == [0x21, 0x0F, 0x07]
+    assert unpack_nibbles(packed, 5).tolist() == [1, 2, 15, 0, 7]
+
+
+def test_e3m0_round_trip_packed_equals_table_nearest():
+    """E3M0 through the codec (packed) vs the nearest of its values {0, 2**-2 .. 2**3} found by
+    a loop, on the wire scale; the tie rule does not matter off the exact midpoints used here."""
+    rng = numpy.random.default_rng(7)
+    x = rng.uniform(-1.9, 1.9, 101).astype(numpy.float32)
+    codec = APSCodec("E3M0")
+    payload, ctx = codec.compress(x)
+    assert payload.size == 51
+    k = ctx[0]
+    table = [0.0] + [2.0 ** e for e in range(-2, 4)]
+    want = [math.copysign(min(table, key=lambda t: abs(abs(v) * 2.0 ** k - t)), v) for v in x]
+    got = numpy.ldexp(codec.decompress(payload, ctx).astype(numpy.float64), k)
+    numpy.testing.assert_array_equal(got, want)
 
 
 def test_kahan_beats_plain_float32_on_adversarial_sum():
@@ -130,7 +153,7 @@ def test_hybrid_precision():
     assert not numpy.array_equal(low, x)
     assert len(numpy.unique(numpy.abs(low[low != 0]))) <= 7           # E3M0: 0.25 .. 8 binades
     codes, ctx = codec.compress(x, iteration=10)
-    assert codes.dtype == numpy.uint8 and ctx[0] is not None
+    assert codes.dtype == numpy.uint8 and codes.size == 20 and ctx[0] is not None  # 4-bit: packed
 
 
 def test_unknown_format():
