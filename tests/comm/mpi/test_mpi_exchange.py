@@ -76,11 +76,15 @@ def test_user_settings_win_over_ours():
     code = ("import os, comm.mpi as m\n"
             "m.mpi_module()\n"
             "print(os.environ['MPIR_CVAR_POSIX_POLL_FREQUENCY'], m.thread_level_name(),\n"
-            "      os.environ['MPIR_CVAR_DEVICE_COLLECTIVES'])\n")
-    proc = _python(code, {"MPIR_CVAR_POSIX_POLL_FREQUENCY": "7",
-                          "MPI4PY_RC_THREAD_LEVEL": "funneled"})
+            "      os.environ.get('MPIR_CVAR_CH4_CMA_ENABLE', 'unset'))\n")
+    from comm.mpi import _cma_permitted
+    env = {"MPIR_CVAR_POSIX_POLL_FREQUENCY": "7", "MPI4PY_RC_THREAD_LEVEL": "funneled"}
+    proc = _python(code, env)
     assert proc.returncode == 0, proc.stdout
-    assert proc.stdout.split()[-3:] == ["7", "funneled", "percoll"]
+    cma = "1" if _cma_permitted() else "unset"
+    assert proc.stdout.split()[-3:] == ["7", "funneled", cma]
+    proc = _python(code, {**env, "MPIR_CVAR_CH4_CMA_ENABLE": "0"})
+    assert proc.stdout.split()[-1] == "0"
 
 
 # --- pieces that need no MPI -----------------------------------------------------------------------
