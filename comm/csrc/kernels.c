@@ -99,7 +99,7 @@ static uint8_t half_to_fp8_rne(uint16_t h)
     return c;
 }
 
-/* fp8 -> float after a truncating half conversion: the seed's float_to_fp8. */
+/* float -> fp8 the seed's way: half (nearest even), keep the upper byte; inf saturates. */
 static uint8_t float_to_fp8_trunc(float f)
 {
     uint8_t c = (uint8_t)(float_to_half_rne(f) >> 8);
