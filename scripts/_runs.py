@@ -29,7 +29,7 @@ from engine.prototxt import parse_file, to_text  # noqa: E402
 # The engine registers codecs as fp32/fp16/fp8; the seed says float/half.
 CODEC_ALIASES = {"float": "fp32", "float32": "fp32", "half": "fp16", "float16": "fp16"}
 CSV_FIELDS = ("mode", "p", "codec", "async", "processes_per_node", "batch_per_process",
-              "global_batch", "iterations", "mean_iter_s", "median_iter_s", "throughput_samples_s", "speedup",
+              "global_batch", "iterations", "mean_iter_s", "median_iter_s", "stat", "throughput_samples_s", "speedup",
               "load_1min", "run_dir")
 
 
@@ -237,20 +237,26 @@ def iteration_walls(records, skip):
     return walls
 
 
-def run_point(args, p, codec, asynchronous, batch):
+def run_tag(p, codec, asynchronous):
+    """Folder name of a sweep point; p = 1 has no exchange at all, so one baseline ("p1")."""
+    return "p1" if p == 1 else f"p{p}_{codec}_{'async' if asynchronous else 'sync'}"
+
+
+def run_point(args, p, codec, asynchronous, batch, rep=0):
     """Train once on ``p`` processes; return ({iteration: seconds}, run folder, processes per
-    node, 1-minute load average when it started)."""
+    node, 1-minute load average when it started). Repeat ``rep`` > 0 of a point goes to
+    ``<point folder>/rep<rep>`` (with --repeats > 1 every repeat has its own folder)."""
     ppn = min(args.processes_per_node, p) if args.processes_per_node else 0
     if ppn and p % ppn:
         raise CaffeError(f"--processes-per-node {ppn} does not divide p = {p}")
-    # p = 1 has no exchange at all: one baseline run whatever the codec.
-    tag = "p1" if p == 1 else f"p{p}_{codec}_{'async' if asynchronous else 'sync'}"
-    run_dir = os.path.join(args.out, tag)
+    tag = run_tag(p, codec, asynchronous)
+    run_dir = os.path.join(args.out, tag, f"rep{rep}") if args.repeats > 1 else \
+        os.path.join(args.out, tag)
     solver = write_run_prototxts(args.solver, run_dir, batch, codec, asynchronous, ppn,
                                  args.max_iter, emulate_spec(args.emulate))
     logs = [os.path.join(run_dir, f"timing.r{rank}.jsonl") for rank in range(p)]
     cmd = train_command(p, solver, logs, args.python, args.mpiexec)
-    print(f"[{tag}] {' '.join(cmd[:8])} ...", flush=True)
+    print(f"[{os.path.relpath(run_dir, args.out)}] {' '.join(cmd[:8])} ...", flush=True)
     # On a shared machine the other jobs' load is the main source of noise: keep it with the run.
     load = os.getloadavg()[0]
     run_job(cmd, args.timeout, os.path.join(run_dir, "train.log"))
@@ -285,6 +291,10 @@ def build_parser(description, mode):
                     help="comm.processes_per_node: p=4 with 2 is two emulated nodes of 2 (0: auto)")
     ap.add_argument("--max-iter", type=int, default=20, help="iterations per run")
     ap.add_argument("--skip", type=int, default=3, help="warm-up iterations left out of the means")
+    ap.add_argument("--repeats", type=int, default=1,
+                    help="runs per point, round robin over the points; iterations are pooled")
+    ap.add_argument("--stat", choices=("mean", "median"), default="mean",
+                    help="iteration time behind throughput and speedup (the seed uses the median)")
     if mode == "weak":
         ap.add_argument("--batch", type=int, default=0,
                         help="per-process batch (default: the net's own)")
@@ -317,38 +327,63 @@ def batch_for(mode, args, net_batch, p):
 
 
 def sweep(args, mode):
-    """Run every (codec, async, p); return (CSV rows, failures).
+    """Run every (codec, async, p) ``--repeats`` times; return (CSV rows, failures).
 
-    p = 1 is the seed's baseline (one process, no MPI communication at all), so it runs once and
-    heads every series; speedup = throughput / baseline throughput.
+    p = 1 is the seed's baseline (one process, no MPI communication at all), so it runs once per
+    repeat and heads every series; speedup = throughput / baseline throughput. Repeats go round
+    robin over all points, so a burst of load from other jobs hits every point alike; a point's
+    statistics pool the iterations of all its repeats.
     """
     _, net = load_train_net(args.solver)
     net_batch = net_batch_size(net)
-    procs = sorted(set([1] + list(args.procs)))
-    rows, failures = [], []
+    points = [(1, args.codecs[0], False)] + [
+        (p, codec, asynchronous) for codec in args.codecs for asynchronous in args.async_modes
+        for p in sorted(set(args.procs)) if p > 1]
+    done, failures = {}, []
+    for rep in range(args.repeats):
+        for point in points:
+            if point in done and done[point] is None:
+                continue   # failed before: do not retry it every repeat
+            try:
+                walls, _, ppn, load = run_point(args, *point, batch_for(mode, args, net_batch,
+                                                                        point[0]), rep)
+            except CaffeError as e:
+                done[point] = None
+                failures.append(point + (str(e),))
+                print(f"FAILED p={point[0]} codec={point[1]} async={point[2]}:\n{e}",
+                      file=sys.stderr)
+                continue
+            acc = done.setdefault(point, {"walls": [], "loads": [], "ppn": ppn})
+            acc["walls"] += list(walls.values())
+            acc["loads"].append(load)
+    if done.get(points[0]) is None:
+        raise CaffeError("the one-process baseline run failed; see the message above")
+    return _rows(args, mode, net_batch, points, done), failures
+
+
+def _rows(args, mode, net_batch, points, done):
+    """CSV rows, one per (codec, async, p), the baseline repeated at the head of each series."""
+    pick = 0 if args.stat == "mean" else 1
     b1 = batch_for(mode, args, net_batch, 1)
-    baseline = run_point(args, 1, args.codecs[0], False, b1)
-    base = b1 / mean_median(baseline[0].values())[0]
+    base = b1 / mean_median(done[points[0]]["walls"])[pick]
+    rows = []
     for codec in args.codecs:
         for asynchronous in args.async_modes:
-            for p in procs:
-                batch = batch_for(mode, args, net_batch, p)
-                try:
-                    walls, run_dir, ppn, load = baseline if p == 1 else \
-                        run_point(args, p, codec, asynchronous, batch)
-                except CaffeError as e:
-                    failures.append((p, codec, asynchronous, str(e)))
-                    print(f"FAILED p={p} codec={codec} async={asynchronous}:\n{e}", file=sys.stderr)
+            for p in sorted(set([1] + list(args.procs))):
+                point = points[0] if p == 1 else (p, codec, asynchronous)
+                if done.get(point) is None:
                     continue
-                mean, median = mean_median(walls.values())
+                acc, batch = done[point], batch_for(mode, args, net_batch, p)
+                stats = mean_median(acc["walls"])
                 rows.append({"mode": mode, "p": p, "codec": codec, "async": asynchronous,
-                             "processes_per_node": ppn, "batch_per_process": batch,
-                             "global_batch": batch * p, "iterations": len(walls),
-                             "mean_iter_s": mean, "median_iter_s": median,
-                             "throughput_samples_s": batch * p / mean,
-                             "speedup": batch * p / mean / base, "load_1min": load,
-                             "run_dir": os.path.relpath(run_dir, args.out)})
-    return rows, failures
+                             "processes_per_node": acc["ppn"], "batch_per_process": batch,
+                             "global_batch": batch * p, "iterations": len(acc["walls"]),
+                             "mean_iter_s": stats[0], "median_iter_s": stats[1],
+                             "stat": args.stat, "throughput_samples_s": batch * p / stats[pick],
+                             "speedup": batch * p / stats[pick] / base,
+                             "load_1min": sum(acc["loads"]) / len(acc["loads"]),
+                             "run_dir": run_tag(*point)})
+    return rows
 
 
 def write_csv(rows, path, fields=CSV_FIELDS):
@@ -392,7 +427,10 @@ def plot_scaling(rows, path, title=""):
 
 def scaling_main(argv, mode, description):
     """Entry point shared by weak_scaling.py and strong_scaling.py."""
-    args = build_parser(description, mode).parse_args(argv)
+    ap = build_parser(description, mode)
+    args = ap.parse_args(argv)
+    if args.repeats < 1 or args.max_iter <= args.skip:
+        ap.error("need --repeats >= 1 and --max-iter > --skip")
     os.makedirs(args.out, exist_ok=True)
     try:
         rows, failures = sweep(args, mode)
@@ -405,7 +443,8 @@ def scaling_main(argv, mode, description):
     plot_scaling(rows, png_path, args.title or f"{mode} scaling: {os.path.basename(args.solver)}")
     for row in rows:
         print(f"p={row['p']} {row['codec']:5s} async={str(row['async']).lower():5s} "
-              f"{row['mean_iter_s'] * 1e3:9.3f} ms/iter {row['throughput_samples_s']:10.1f} "
+              f"{row[args.stat + '_iter_s'] * 1e3:9.3f} ms/iter ({args.stat}) "
+              f"{row['throughput_samples_s']:10.1f} "
               f"samples/s speedup {row['speedup']:.3f}")
     print(f"wrote {csv_path} and {png_path}")
     return 1 if failures else 0

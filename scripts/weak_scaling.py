@@ -3,13 +3,16 @@
 
 Usage (from the repository root)::
 
-    python scripts/weak_scaling.py --out docs/figures/weak --procs 1,2,4 --codecs fp32,fp8 \
-        --async false --processes-per-node 2 --max-iter 30
+    python scripts/weak_scaling.py --out runs/weak --procs 1,2,4 --codecs fp32,fp8 \
+        --async false,true --processes-per-node 2 --max-iter 30 --repeats 3 --stat median
 
 For every codec, communication mode and P it writes a copy of the solver and net into
 OUT/p<P>_<codec>_<sync|async>/, trains with ``mpiexec -n P python -m engine.cli train
 --timing-log ...`` (one log per rank), and writes OUT/weak_scaling.csv (mean iteration seconds,
 samples/s, speedup vs one process without communication) and OUT/weak_scaling.png.
+``--emulate LAYER=FWD_MS:BWD_MS,...`` inserts EmulatedCompute layers (GPU-like compute that
+sleeps, leaving the cores to the communication) and ``--repeats N`` runs every point N times,
+round robin, pooling the iterations (for a shared, noisy machine).
 """
 import os
 import sys

@@ -82,8 +82,12 @@ def _sweep(script, out, extra):
         return list(csv.DictReader(f))
 
 
-def _iteration_walls(run_dir, p, skip=1):
-    """Independent: per iteration >= skip the slowest rank's wall, sorted."""
+def _iteration_walls(run_dirs, p, skip=1):
+    """Independent: per run and iteration >= skip the slowest rank's wall; pooled, sorted."""
+    return sorted(w for d in run_dirs for w in _run_walls(d, p, skip))
+
+
+def _run_walls(run_dir, p, skip):
     per_iter = {}
     for rank in range(p):
         with open(os.path.join(run_dir, f"timing.r{rank}.jsonl")) as f:
@@ -91,22 +95,25 @@ def _iteration_walls(run_dir, p, skip=1):
         assert [r["iteration"] for r in recs] == [0, 1, 2] and {r["rank"] for r in recs} == {rank}
         for r in recs[skip:]:
             per_iter[r["iteration"]] = max(per_iter.get(r["iteration"], 0.0), r["wall"])
-    return sorted(per_iter.values())
+    return list(per_iter.values())
 
 
-def _check_rows(rows, out, batches):
+def _check_rows(rows, out, batches, repeats=1, stat="mean"):
     base = None
     for row in rows:
         p = int(row["p"])
-        run_dir = os.path.join(out, row["run_dir"])
-        walls = _iteration_walls(run_dir, p)
-        t = sum(walls) / len(walls)
-        assert float(row["mean_iter_s"]) == pytest.approx(t, rel=1e-7)
-        assert float(row["median_iter_s"]) == pytest.approx((walls[0] + walls[1]) / 2, rel=1e-7)
+        point = os.path.join(out, row["run_dir"])
+        dirs = [os.path.join(point, f"rep{k}") for k in range(repeats)] if repeats > 1 else [point]
+        walls = _iteration_walls(dirs, p)
+        assert len(walls) == 2 * repeats and int(row["iterations"]) == len(walls)
+        mean = sum(walls) / len(walls)
+        median = (walls[len(walls) // 2 - 1] + walls[len(walls) // 2]) / 2   # even count
+        assert float(row["mean_iter_s"]) == pytest.approx(mean, rel=1e-7)
+        assert float(row["median_iter_s"]) == pytest.approx(median, rel=1e-7)
         assert int(row["batch_per_process"]) == batches[p]
         assert int(row["global_batch"]) == batches[p] * p
-        assert int(row["iterations"]) == 2 and float(row["load_1min"]) >= 0
-        tput = batches[p] * p / t
+        assert float(row["load_1min"]) >= 0 and row["stat"] == stat
+        tput = batches[p] * p / (mean if stat == "mean" else median)
         assert float(row["throughput_samples_s"]) == pytest.approx(tput, rel=1e-7)
         if p == 1:
             base = tput
@@ -128,9 +135,11 @@ def test_weak_scaling_p1_p2(tmp_path):
 
 @pytest.mark.mpi
 def test_strong_scaling_p1_p2(tmp_path):
-    rows = _sweep("strong_scaling.py", tmp_path, ["--codecs", "fp8", "--global-batch", "4"])
+    """Also --repeats 2 (two runs per point, pooled) and --stat median."""
+    rows = _sweep("strong_scaling.py", tmp_path, ["--codecs", "fp8", "--global-batch", "4",
+                                                  "--repeats", "2", "--stat", "median"])
     assert [(r["p"], r["codec"]) for r in rows] == [("1", "fp8"), ("2", "fp8")]
-    _check_rows(rows, tmp_path, {1: 4, 2: 2})
-    net = (tmp_path / "p2_fp8_sync" / "net.prototxt").read_text()
+    _check_rows(rows, tmp_path, {1: 4, 2: 2}, repeats=2, stat="median")
+    net = (tmp_path / "p2_fp8_sync" / "rep1" / "net.prototxt").read_text()
     assert re.findall(r"shape \{\s+dim: (\d+)", net) == ["2", "2"]
     assert (tmp_path / "strong_scaling.png").read_bytes()[:8] == PNG_MAGIC
