@@ -8,7 +8,8 @@ Usage (from the repository root)::
     python scripts/plot_breakdown.py fp8=runs/p2_fp8_sync --per-layer fp8 --out layers.png
 
 Each run is LABEL=PATH, PATH a timing log (``caffe8 train --timing-log``), a comma-separated
-list of them (one per rank) or a folder whose ``*.jsonl`` files are read. The first ``--skip``
+list of them (one per rank) or a folder whose ``*.jsonl`` files are read (or, when it has none,
+those of its subfolders: a scaling sweep point run with ``--repeats``, iterations pooled). The first ``--skip``
 iterations are warm-up and left out. ``--ranks 0`` keeps rank 0's records, ``--ranks mean``
 averages each rank's mean over the ranks. The PNG stacks ForwardBackward / D2H / Communication /
 H2D / Quantile / Other per run (labels containing ``--hatch``, default "fp8", are hatched as in
@@ -37,7 +38,9 @@ def run_paths(spec):
     if not sep or not label or not path:
         raise CaffeError(f"run {spec!r}: expected LABEL=PATH")
     if os.path.isdir(path):
-        files = sorted(glob.glob(os.path.join(path, "*.jsonl")))
+        # a sweep point's folder: its logs, or its rep*/ folders' logs (--repeats)
+        files = sorted(glob.glob(os.path.join(path, "*.jsonl"))) or \
+            sorted(glob.glob(os.path.join(path, "*", "*.jsonl")))
     else:
         files = [p for p in path.split(",") if p]
     missing = [p for p in files if not os.path.isfile(p)]

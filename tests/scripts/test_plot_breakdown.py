@@ -143,3 +143,17 @@ def test_errors_name_the_problem(tmp_path, args, message):
     code, err = _run(args + ["--out", str(tmp_path / "e.png")])
     assert code == 1
     assert message in err and not (tmp_path / "e.png").exists()
+
+
+def test_folder_of_repeats_pools_iterations(tmp_path):
+    """A sweep point run with --repeats: rep0/ and rep1/ logs are pooled per rank."""
+    a = _write_logs(tmp_path / "pt" / "rep0", 6)
+    b = _write_logs(tmp_path / "pt" / "rep1", 7)
+    code, err = _run([f"pt={tmp_path / 'pt'}", "--skip", "1", "--ranks", "mean",
+                      "--out", str(tmp_path / "r.png")])
+    assert code == 0, err
+    pooled = {rank: a[rank] + b[rank] for rank in a}
+    row = _read_csv(tmp_path / "r.csv")[0]
+    assert int(row["records"]) == 2 * (6 + 4)
+    assert float(row["Communication"]) == pytest.approx(
+        _expected(pooled, 1, "mean", lambda r: r["split"]["Communication"]), rel=1e-8)
