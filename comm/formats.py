@@ -176,7 +176,7 @@ class FloatFormat:
 
 FP8_E5M2 = FloatFormat(5, 2, name="E5M2")          # the seed's fp8: max 57344, min 2**-16
 E4M3 = FloatFormat(4, 3, special="fn", name="E4M3")  # OCP FP8 E4M3 ("fn"): max 448, min 2**-9
-E3M0 = FloatFormat(3, 0, name="E3M0")              # seed 001's 4-bit float: 0.25 .. 8, no subnormals
+E3M0 = FloatFormat(3, 0, name="E3M0")              # seed 001's 4-bit float: 0.25 .. 8, no subnormal
 E3M4 = FloatFormat(3, 4, name="E3M4")              # ml_dtypes float8_e3m4 layout: max 15.5
 E2M1 = FloatFormat(2, 1, special="none", name="E2M1")  # OCP FP4: all codes finite, max 6
 FP16 = FloatFormat(5, 10, name="FP16")             # IEEE half, for checks against numpy.float16

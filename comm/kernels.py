@@ -315,7 +315,7 @@ def _check_pair(src, dst, itemsize):
 
 # --- sums (the MPI reduction ops) ---------------------------------------------------------------
 def fp8_sum(src, dst):
-    """``dst = sat(src + dst)`` elementwise on fp8 codes (uint8 arrays of equal size); returns dst."""
+    """``dst = sat(src + dst)`` on fp8 codes (uint8 arrays of equal size); returns dst."""
     _check_pair(src, dst, 1)
     fp8_sum_ptr(src.ctypes.data, dst.ctypes.data, src.size)
     return dst

@@ -4,8 +4,9 @@
 
 Each row is one operation on one path (single thread, best of --repeat runs, arrays of --n
 elements; rates from wall-clock and from thread CPU time): fp8 sum (dst = sat(src + dst), the
-MPI op), half sum, float32 -> fp8 encode (nearest and truncate), fp8 -> float32 decode. NumPy rows for comparison: float32 and float16 in-place add
-(what MPI_SUM / a NumPy half op would do per element) and ml_dtypes' float32 -> float8_e5m2 cast.
+MPI op), half sum, float32 -> fp8 encode (nearest and truncate), fp8 -> float32 decode. NumPy
+rows for comparison: float32 and float16 in-place add (what MPI_SUM / a NumPy half op would do
+per element) and ml_dtypes' float32 -> float8_e5m2 cast.
 """
 import argparse
 import csv

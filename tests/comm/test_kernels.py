@@ -35,7 +35,8 @@ def ref_fp8_sum(a, b):
 
 def ref_half_sum(a, b):
     with numpy.errstate(invalid="ignore"):
-        s = a.view(numpy.float16).astype(numpy.float64) + b.view(numpy.float16).astype(numpy.float64)
+        s = (a.view(numpy.float16).astype(numpy.float64)
+             + b.view(numpy.float16).astype(numpy.float64))
         return numpy.clip(s, -65504, 65504).astype(numpy.float16).view(numpy.uint16)
 
 
