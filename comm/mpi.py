@@ -4,8 +4,8 @@ Nothing here imports ``mpi4py.MPI`` at module import time: the engine's single-p
 work with no MPI installed, and the settings below only take effect if they are in place *before*
 ``MPI_Init_thread`` runs, which is when ``mpi4py.MPI`` is first imported.
 
-Settings applied by :func:`apply_settings` (each only when the user's environment does not set it already,
-so ``VAR=... mpiexec ...`` always wins; docs/MPI.md has the measurements behind each choice):
+Settings applied by :func:`apply_settings`, each only when the user's environment does not set
+it already, so ``VAR=... mpiexec ...`` always wins (docs/MPI.md has the measurements):
 
 ``mpi4py.rc.thread_level = "serialized"`` (unless ``MPI4PY_RC_THREAD_LEVEL`` is set)
     mpi4py asks for MPI_THREAD_MULTIPLE by default, and MPICH then takes a global lock on every

@@ -8,7 +8,8 @@ work, not the encoding). Each codec is run under several schedules and reported 
 fp32 as MPI_Allreduce(MPI_SUM) with MPICH's default choice ("flat"), as MPI_Reduce_scatter_block +
 MPI_Allgather ("mpi_rsag") and as caffe8's explicit schedule ("rsag"); half and fp8 under the
 same three with their user ops (plus "hierarchical" with --processes-per-node). A rep's time is
-the slowest rank's; the CSV row of a codec is its fastest schedule by median, and
+the slowest rank's; within each rep all codec/schedule pairs take turns (fair under background
+load); the CSV row of a codec is its fastest schedule by median, and
 ``<csv>.detail.csv`` lists every schedule. A PNG of time vs elements is written beside the CSV.
 """
 import argparse
@@ -67,23 +68,33 @@ def source_data(codec, n, rank):
     return kernels.encode_fp8(x, out, 57344.0 / 4.0 / 2.0)
 
 
-def time_schedule(world, algo, codec, n, repeat):
-    """Per-rep seconds (slowest rank) of ``algo.sum`` on a fresh copy of the data."""
-    MPI = mpi_module()
+def prepare(world, codec, n):
+    """(wire op, pristine source buffer, working buffer) for ``codec`` and ``n`` elements."""
     wire = wire_op(codec)
     length = padded_length(n, wire.unit, world.size)
     src = numpy.zeros(length, wire.dtype)
     src[:n] = source_data(codec, n, world.rank)
-    buf = numpy.empty_like(src)
-    times = []
-    for _ in range(repeat + 1):          # the first rep warms up pages and MPICH's paths
-        buf[...] = src
-        world.comm.Barrier()
-        t0 = time.perf_counter()
-        algo.sum(buf, wire)
-        times.append(time.perf_counter() - t0)
-    worst = numpy.empty(len(times))
-    world.comm.Allreduce(numpy.array(times), worst, MPI.MAX)
+    return wire, src, numpy.empty_like(src)
+
+
+def time_interleaved(world, cases, repeat):
+    """Per-rep seconds (slowest rank) of every case, the cases taking turns within each rep.
+
+    The machine is shared: taking turns spreads any change of background load evenly over
+    the codecs instead of penalising whichever ran while it was busy. ``cases``: list of
+    (algo, wire, src, buf); the first rep only warms up pages and MPICH's paths.
+    """
+    MPI = mpi_module()
+    times = numpy.zeros((repeat + 1, len(cases)))
+    for rep in range(repeat + 1):
+        for i, (algo, wire, src, buf) in enumerate(cases):
+            buf[...] = src
+            world.comm.Barrier()
+            t0 = time.perf_counter()
+            algo.sum(buf, wire)
+            times[rep, i] = time.perf_counter() - t0
+    worst = numpy.empty_like(times)
+    world.comm.Allreduce(times, worst, MPI.MAX)
     return worst[1:]
 
 
@@ -102,19 +113,24 @@ def run(args, world):
     rows, detail = [], []
     algos = schedules(world, args.schedules.split(","), args.processes_per_node)
     for n in [parse_count(e) for e in args.elements.split(",")]:
-        for codec in args.codecs.split(","):
-            best = None
-            for algo in algos:
-                t = time_schedule(world, algo, codec, n, args.repeat)
-                rec = dict(codec=codec, elements=n, processes=world.size, schedule=algo.name,
-                           median_seconds=float(numpy.median(t)), min_seconds=float(t.min()))
-                detail.append(rec)
-                if world.rank == 0:
-                    print(f"{codec:5s} {n:>11,d} {algo.name:13s} median {rec['median_seconds']:.5f}"
-                          f" s  min {rec['min_seconds']:.5f} s", flush=True)
-                if best is None or rec["median_seconds"] < best["median_seconds"]:
-                    best = rec
-            rows.append(best)
+        codecs = args.codecs.split(",")
+        data = {codec: prepare(world, codec, n) for codec in codecs}
+        cases = [(codec, algo) for codec in codecs for algo in algos]
+        t = time_interleaved(world, [(algo, *data[codec]) for codec, algo in cases],
+                             args.repeat)
+        best = {}
+        for i, (codec, algo) in enumerate(cases):
+            rec = dict(codec=codec, elements=n, processes=world.size, schedule=algo.name,
+                       median_seconds=float(numpy.median(t[:, i])),
+                       min_seconds=float(t[:, i].min()))
+            detail.append(rec)
+            if world.rank == 0:
+                print(f"{codec:5s} {n:>11,d} {algo.name:13s} median {rec['median_seconds']:.5f}"
+                      f" s  min {rec['min_seconds']:.5f} s", flush=True)
+            if codec not in best or rec["median_seconds"] < best[codec]["median_seconds"]:
+                best[codec] = rec
+        rows.extend(best[codec] for codec in codecs)
+        del data
     for algo in algos:
         algo.free()
     return rows, detail

@@ -1,4 +1,4 @@
-"""``run_ranks``: a rank program under mpiexec with a timeout, so a hang fails instead of blocking."""
+"""``run_ranks``: a rank program under mpiexec with a timeout (a hang fails, never blocks)."""
 import os
 import shutil
 import subprocess

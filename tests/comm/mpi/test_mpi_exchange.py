@@ -87,7 +87,7 @@ def test_user_settings_win_over_ours():
     assert proc.stdout.split()[-1] == "0"
 
 
-# --- pieces that need no MPI -----------------------------------------------------------------------
+# --- pieces that need no MPI ---------------------------------------------------------------------
 def test_padding():
     from comm.ops import pad, padded_length
     assert [padded_length(n, 16, 3) for n in (0, 1, 48, 49)] == [0, 48, 48, 96]
