@@ -125,3 +125,14 @@ def test_sample_quantile_matches_numpy_and_is_seeded():
     assert QuantileTracker().update("z", numpy.zeros(10, numpy.float32), None) == 1.0
     with pytest.raises(ValueError, match="comm.quantile"):
         QuantileTracker(quantile=1.5)
+
+
+def test_settings_come_from_the_solvers_comm_block():
+    from engine import prototxt
+    from comm.exchange import _setting
+    solver = prototxt.parse_text('comm { codec: "fp16" processes_per_node: 2 }', "s.prototxt",
+                                 "SolverParameter")
+    got = [_setting(solver.comm, k) for k in ("codec", "processes_per_node", "relative",
+                                              "algorithm", "quantile", "warmup_fp32_iters")]
+    assert got == ["fp16", 2, True, "", pytest.approx(0.95), 0]
+    assert _setting(None, "codec") == "fp8"
