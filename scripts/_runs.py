@@ -132,18 +132,49 @@ def with_batch_size(net, batch):
     return net
 
 
-def comm_block(solver, codec, asynchronous, processes_per_node):
-    """The solver's ``comm`` block (kept settings) with codec/async/processes_per_node set."""
+def comm_settings(text):
+    """"algorithm=flat,quantile_interval=10" → a parsed CommParameter holding those fields.
+
+    Values go through the prototxt parser, so they get the schema's types; a bare word for a
+    string field is quoted.
+    """
+    from engine.errors import PrototxtError
+    from engine.prototxt import parse_text
+    lines = []
+    for item in (t.strip() for t in (text or "").split(",") if t.strip()):
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise ValueError(f"--comm-set expects FIELD=VALUE, got {item!r}")
+        lines.append((key.strip(), value.strip()))
+    msg = parse_text("", "--comm-set", "CommParameter")
+    for key, value in lines:
+        for candidate in (value, '"%s"' % value):
+            try:
+                one = parse_text(f"{key}: {candidate}", "--comm-set", "CommParameter")
+                break
+            except PrototxtError as e:
+                error = e
+        else:
+            raise CaffeError(f"--comm-set {key}={value}: {error}")
+        setattr(msg, key, getattr(one, key))
+    return msg
+
+
+def comm_block(solver, codec, asynchronous, processes_per_node, extra=None):
+    """The solver's ``comm`` block (kept settings) with codec/async/processes_per_node set and
+    the fields of ``extra`` (a CommParameter from :func:`comm_settings`) on top."""
     from engine.prototxt import Message
     comm = solver.comm.copy() if solver.has("comm") else Message("CommParameter", solver.location())
     comm.codec = codec
     setattr(comm, "async", bool(asynchronous))
     comm.processes_per_node = int(processes_per_node)
+    for field in (extra.fields() if extra is not None else []):
+        setattr(comm, field, getattr(extra, field))
     return comm
 
 
 def write_run_prototxts(solver_path, run_dir, batch, codec, asynchronous, processes_per_node,
-                        max_iter, emulate=None):
+                        max_iter, emulate=None, comm_extra=None):
     """Write ``run_dir``/net.prototxt and solver.prototxt for one run; return the solver path.
 
     The copy trains only (no test nets, no snapshots, one display line at the end) so the
@@ -168,7 +199,7 @@ def write_run_prototxts(solver_path, run_dir, batch, codec, asynchronous, proces
     solver.snapshot_after_train = False
     solver.max_iter = int(max_iter)
     solver.display = int(max_iter)
-    solver.comm = comm_block(solver, codec, asynchronous, processes_per_node)
+    solver.comm = comm_block(solver, codec, asynchronous, processes_per_node, comm_extra)
     solver_out = os.path.join(os.path.abspath(run_dir), "solver.prototxt")
     with open(solver_out, "w", encoding="utf-8") as f:
         f.write(to_text(solver))
@@ -253,7 +284,8 @@ def run_point(args, p, codec, asynchronous, batch, rep=0):
     run_dir = os.path.join(args.out, tag, f"rep{rep}") if args.repeats > 1 else \
         os.path.join(args.out, tag)
     solver = write_run_prototxts(args.solver, run_dir, batch, codec, asynchronous, ppn,
-                                 args.max_iter, emulate_spec(args.emulate))
+                                 args.max_iter, emulate_spec(args.emulate),
+                                 comm_settings(args.comm_set))
     logs = [os.path.join(run_dir, f"timing.r{rank}.jsonl") for rank in range(p)]
     cmd = train_command(p, solver, logs, args.python, args.mpiexec)
     print(f"[{os.path.relpath(run_dir, args.out)}] {' '.join(cmd[:8])} ...", flush=True)
@@ -303,6 +335,8 @@ def build_parser(description, mode):
                         help="global batch, divided by p (default: the net's own batch)")
     ap.add_argument("--emulate", default="",
                     help="EmulatedCompute after layers: LAYER=FWD_MS:BWD_MS,... (GPU-like compute)")
+    ap.add_argument("--comm-set", default="",
+                    help="more comm block fields, FIELD=VALUE,... (e.g. algorithm=hierarchical)")
     ap.add_argument("--timeout", type=float, default=300, help="seconds per run before it is killed")
     ap.add_argument("--python", default=sys.executable, help="python that runs engine.cli")
     ap.add_argument("--mpiexec", default=_default_mpiexec(), help="mpiexec to launch with")

@@ -38,11 +38,16 @@ def test_batch_rewrite_dummy_data_and_sequence_data():
 
 
 def test_run_prototxts_round_trip(tmp_path):
+    extra = _runs.comm_settings("algorithm=ring, quantile_interval=10,relative=false")
     solver_path = _runs.write_run_prototxts(TINY_SOLVER, str(tmp_path / "run"), 2, "fp8", True,
-                                            2, 7, {"fc2": (1.0, 2.5)})
+                                            2, 7, {"fc2": (1.0, 2.5)}, extra)
     solver = parse_file(solver_path, "SolverParameter")
     assert (solver.comm.codec, getattr(solver.comm, "async"), solver.comm.processes_per_node) \
         == ("fp8", True, 2)
+    assert (solver.comm.algorithm, solver.comm.quantile_interval, solver.comm.relative) \
+        == ("ring", 10, False)
+    assert sorted(solver.comm.fields()) == sorted(["codec", "async", "processes_per_node",
+                                                   "algorithm", "quantile_interval", "relative"])
     assert solver.max_iter == 7 and solver.snapshot == 0 and not solver.snapshot_after_train
     assert solver.base_lr == pytest.approx(0.01) and solver.type == "SGD"   # kept
     net = parse_file(solver.net, "NetParameter")
@@ -59,9 +64,11 @@ def test_argument_parsers():
     assert _runs.codec_list("float32,FP8,half") == ["fp32", "fp8", "fp16"]
     assert _runs.emulate_spec("a=1:2,b=0.5:0") == {"a": (1.0, 2.0), "b": (0.5, 0.0)}
     for bad, fn in (("0,1", _runs.int_list), ("maybe", _runs.bool_list),
-                    ("a=1", _runs.emulate_spec)):
+                    ("a=1", _runs.emulate_spec), ("algorithm", _runs.comm_settings)):
         with pytest.raises(ValueError):
             fn(bad)
+    with pytest.raises(CaffeError, match="quantile_interval=ten"):
+        _runs.comm_settings("quantile_interval=ten")
 
 
 def test_strong_batch_must_divide():
