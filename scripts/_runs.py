@@ -29,7 +29,8 @@ from engine.prototxt import parse_file, to_text  # noqa: E402
 # The engine registers codecs as fp32/fp16/fp8; the seed says float/half.
 CODEC_ALIASES = {"float": "fp32", "float32": "fp32", "half": "fp16", "float16": "fp16"}
 CSV_FIELDS = ("mode", "p", "codec", "async", "processes_per_node", "batch_per_process",
-              "global_batch", "iterations", "mean_iter_s", "median_iter_s", "stat", "throughput_samples_s", "speedup",
+              "global_batch", "iterations", "mean_iter_s", "median_iter_s", "stat",
+              "throughput_samples_s", "speedup",
               "load_1min", "run_dir")
 
 
@@ -251,7 +252,8 @@ def read_timing_log(path):
                 try:
                     records.append(json.loads(line))
                 except json.JSONDecodeError as e:
-                    raise CaffeError(f"{path}:{lineno}: not a JSON timing record: {e.msg}") from None
+                    raise CaffeError(f"{path}:{lineno}: not a JSON timing record: "
+                                     f"{e.msg}") from None
     return records
 
 
@@ -311,7 +313,8 @@ def mean_median(values):
 def build_parser(description, mode):
     import argparse
     ap = argparse.ArgumentParser(description=description)
-    ap.add_argument("--solver", default=os.path.join(REPO, "prototxt", "gru", "solver_small.prototxt"),
+    ap.add_argument("--solver",
+                    default=os.path.join(REPO, "prototxt", "gru", "solver_small.prototxt"),
                     help="solver prototxt to copy (default: the small GRU net)")
     ap.add_argument("--out", required=True, help="output folder (run copies, logs, CSV, PNG)")
     ap.add_argument("--procs", type=int_list, default=[1, 2, 4], help="process counts, e.g. 1,2,4")
@@ -337,7 +340,8 @@ def build_parser(description, mode):
                     help="EmulatedCompute after layers: LAYER=FWD_MS:BWD_MS,... (GPU-like compute)")
     ap.add_argument("--comm-set", default="",
                     help="more comm block fields, FIELD=VALUE,... (e.g. algorithm=hierarchical)")
-    ap.add_argument("--timeout", type=float, default=300, help="seconds per run before it is killed")
+    ap.add_argument("--timeout", type=float, default=300,
+                    help="seconds per run before it is killed")
     ap.add_argument("--python", default=sys.executable, help="python that runs engine.cli")
     ap.add_argument("--mpiexec", default=_default_mpiexec(), help="mpiexec to launch with")
     ap.add_argument("--title", default="", help="plot title")

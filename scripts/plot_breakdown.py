@@ -9,11 +9,12 @@ Usage (from the repository root)::
 
 Each run is LABEL=PATH, PATH a timing log (``caffe8 train --timing-log``), a comma-separated
 list of them (one per rank) or a folder whose ``*.jsonl`` files are read (or, when it has none,
-those of its subfolders: a scaling sweep point run with ``--repeats``, iterations pooled). The first ``--skip``
-iterations are warm-up and left out. ``--ranks 0`` keeps rank 0's records, ``--ranks mean``
-averages each rank's mean over the ranks. The PNG stacks ForwardBackward / D2H / Communication /
-H2D / Quantile / Other per run (labels containing ``--hatch``, default "fp8", are hatched as in
-the seed, where filled bars are float and hatched ones fp8); the CSV holds the means in seconds.
+those of its subfolders: a scaling sweep point run with ``--repeats``, iterations pooled).
+The first ``--skip`` iterations are warm-up and left out. ``--ranks 0`` keeps rank 0's records,
+``--ranks mean`` averages each rank's mean over the ranks. The PNG stacks ForwardBackward / D2H /
+Communication / H2D / Quantile / Other per run (labels containing ``--hatch``, default "fp8", are
+hatched as in the seed, where filled bars are float and hatched ones fp8); the CSV holds the
+means in seconds.
 ``--per-layer LABEL`` instead draws that run's per-layer forward and backward bars and writes the
 per-layer means (every timed phase) to the CSV.
 """

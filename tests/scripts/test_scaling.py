@@ -132,7 +132,8 @@ def _check_rows(rows, out, batches, repeats=1, stat="mean"):
 def test_weak_scaling_p1_p2(tmp_path):
     rows = _sweep("weak_scaling.py", tmp_path, ["--codecs", "float32,fp8"])
     assert [(r["p"], r["codec"], r["async"]) for r in rows] == [
-        ("1", "fp32", "False"), ("2", "fp32", "False"), ("1", "fp8", "False"), ("2", "fp8", "False")]
+        ("1", "fp32", "False"), ("2", "fp32", "False"),
+        ("1", "fp8", "False"), ("2", "fp8", "False")]
     assert rows[0]["run_dir"] == rows[2]["run_dir"]   # one baseline run heads both series
     _check_rows(rows, tmp_path, {1: 4, 2: 4})
     assert (tmp_path / "weak_scaling.png").read_bytes()[:8] == PNG_MAGIC
