@@ -31,7 +31,6 @@ ended and the previous exchange is done; the iteration ends when both backward a
 exchange are done, plus the update.
 """
 import json
-import math
 import re
 from dataclasses import dataclass, field
 
@@ -168,6 +167,21 @@ def layer_params_from_net(net):
     return out
 
 
+def layer_macs_from_net(net):
+    """{layer name: multiply-adds per sample of its forward} for layers with a weight blob
+    (Convolution, InnerProduct, ...): top count per sample × weight count / weight.shape[0]
+    (= C/g·kh·kw for a convolution, K for an inner product)."""
+    out = {}
+    for i, layer in enumerate(net.layers):
+        if not layer.blobs or not net.top_vecs[i] or len(layer.blobs[0].shape) < 2:
+            continue
+        top = net.top_vecs[i][0]
+        per_sample = top.count // max(top.shape[0], 1)
+        w = layer.blobs[0]
+        out[layer.name] = per_sample * (w.count // w.shape[0])
+    return out
+
+
 def layer_times_from_timing_log(path, skip=1, rank=0):
     """[(name, forward s, backward s)] in net order: per-layer medians over the iterations
     >= ``skip`` of one rank in a caffe8 timing log (docs/timing_schema.json)."""
@@ -224,16 +238,14 @@ def _median(values):
 
 
 def fit_alpha_beta(points):
-    """Least-squares (α, seconds per element) of t = α + s·n from [(n, t)] (≥ 2 distinct n)."""
-    n = len(points)
-    mx = sum(x for x, _ in points) / n
-    my = sum(y for _, y in points) / n
-    sxx = sum((x - mx) ** 2 for x, _ in points)
-    if sxx == 0:
+    """(α, seconds per element) of t = α + s·n from [(n, t)] (≥ 2 distinct n), least squares on
+    the relative residual (α + s·n − t)/t, so that small and large sizes count alike."""
+    # Weighted normal equations with weights 1/t².
+    sw = sx = sxx = sy = sxy = 0.0
+    for x, y in points:
+        w = 1.0 / (y * y)
+        sw, sx, sxx, sy, sxy = sw + w, sx + w * x, sxx + w * x * x, sy + w * y, sxy + w * x * y
+    det = sw * sxx - sx * sx
+    if det <= 0 or len({x for x, _ in points}) < 2:
         raise ValueError("fit_alpha_beta needs at least two different sizes")
-    slope = sum((x - mx) * (y - my) for x, y in points) / sxx
-    return my - slope * mx, slope
-
-
-def geometric_mean(values):
-    return math.exp(sum(math.log(v) for v in values) / len(values))
+    return (sxx * sy - sx * sxy) / det, (sw * sxy - sx * sy) / det

@@ -128,3 +128,15 @@ def test_readers(tmp_path):
 def test_fit_alpha_beta():
     a, s = fit_alpha_beta([(n, 3e-5 + 2e-9 * n) for n in (1e3, 1e5, 1e7)])
     assert math.isclose(a, 3e-5, rel_tol=1e-6) and math.isclose(s, 2e-9, rel_tol=1e-9)
+
+
+def test_fit_alpha_beta_relative_weights_match_polyfit():
+    import numpy
+    pts = [(1.6e4, 2.3e-5), (6.4e4, 7.5e-5), (2.56e5, 3.0e-4), (1e6, 1.1e-3), (4e6, 4.1e-2)]
+    x = numpy.array([p[0] for p in pts])
+    y = numpy.array([p[1] for p in pts])
+    slope, icept = numpy.polyfit(x, y, 1, w=1.0 / y)   # residuals weighted by 1/t
+    a, s = fit_alpha_beta(pts)
+    assert a == pytest.approx(icept, rel=1e-6) and s == pytest.approx(slope, rel=1e-6)
+    with pytest.raises(ValueError):
+        fit_alpha_beta([(10, 1.0), (10, 2.0)])

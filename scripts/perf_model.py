@@ -1,0 +1,416 @@
+#!/usr/bin/env python
+"""Predicted iteration time and weak-scaling speedup (comm/perf_model.py), and its validation.
+
+Usage (from the repository root)::
+
+    # any net: per-layer times from a caffe8 timing log (or `caffe8 time` output), parameter
+    # sizes from the net, a network given on the command line
+    python scripts/perf_model.py predict --model prototxt/digits/train_val.prototxt \
+        --timing-log runs/x/timing.r0.jsonl --procs 2,4,8,16 --processes-per-node 2 \
+        --alpha-intra 2e-6 --beta-intra 5e9 --alpha-inter 5e-6 --beta-inter 1.25e9
+
+    # the seed's CaffeNet weak scaling on TSUBAME-KFC/DL (figure 7: 192 GPUs, fp8 168x, float 114x)
+    python scripts/perf_model.py seed --out docs/figures
+
+    # this machine: fit latency/per-element cost from an allreduce_bench.py CSV (2 ranks) and
+    # predict the p = 2 runs of a weak_scaling.py output folder from their own per-layer times
+    python scripts/perf_model.py local --bench runs/allreduce_2r.csv --weak-dir runs/weak_gru
+
+``seed`` states every input it uses; see ``TSUBAME`` and ``seed_inputs`` below.
+"""
+import argparse
+import csv
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from comm import perf_model as pm  # noqa: E402
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MB = 1e6
+
+# TSUBAME-KFC/DL (seed 003, Table 2 and section 4.1) and what the model assumes beside it.
+TSUBAME = {
+    "gpus_per_node": 8,          # seed: 4 Tesla K80 per node, each 2 GK210 GPUs
+    "beta_inter": 7e9,           # seed: 4X FDR InfiniBand, 7 GB/s
+    "alpha_inter": 2e-6,         # assumed: FDR MPI latency of a few microseconds
+    "alpha_intra": 1e-6,         # assumed: shared-memory MPI latency
+    # assumed: two Xeon E5-2620 v2 with DDR3 (~60 GB/s per node); a shared-memory transfer is
+    # two copies (4 memory touches per byte) and the node's 8 processes copy at once
+    "beta_intra": 60e9 / (8 * 4),
+    # assumed from seed 000 (section 2.3.2: ~7 GB/s PCIe with more than 2 GPUs in a machine);
+    # the two GPUs of a K80 share one x16 link
+    "beta_host": 6e9,
+    "gpu_peak_flops": 8.74e12 / 2,  # seed: 8.74 TFLOP/s per K80 board = 2 GPUs
+    "gpu_efficiency": 0.5,          # assumed: fraction of peak cuDNN reaches on CaffeNet
+    "gpu_convert_rate": 5e9,        # assumed: fp8/half encode+decode on the GPU, elements/s
+}
+# Seed figure 3 (16 nodes x 1 process, 256 M elements): fp8 3.21x float(MPI_SUM), 1.56x half.
+SEED_FIG3 = {"elements": 256e6, "nodes": 16, "fp8_vs_fp32": 3.21, "fp16_vs_fp8": 1.56}
+FLOAT_SUM_RATE = 1e9   # assumed: MPI_SUM float adds per second of one process (memory bound)
+# Published numbers the model is checked against.
+SEED_WEAK = {"procs": 192, "fp32": 114.0, "fp8": 168.0}         # figure 7, CaffeNet
+SEED_FB_SHARE_16_NODES = {"fp32": 0.0391, "fp8": 0.106}        # figure 5, synchronous
+SEED_2NODE_FP8_OVER_FP32_ASYNC = 2.67                           # figure 5, 2 nodes, async
+
+
+# --- the seed's CaffeNet ---------------------------------------------------------------------
+def caffenet_shapes(path=None):
+    """({layer: [tensor sizes]}, {layer: forward MACs per sample}) of CaffeNet, built at batch 1."""
+    from engine.net import Net
+    from engine.net_graph import swap_data_layers
+    from engine.prototxt import parse_file
+    path = path or os.path.join(REPO, "prototxt", "caffenet", "train_val.prototxt")
+    model = swap_data_layers(parse_file(path), {"data": (1, 3, 227, 227), "label": (1,)})
+    net = Net(model, phase="TRAIN")
+    return pm.layer_params_from_net(net), pm.layer_macs_from_net(net)
+
+
+def codec_rates_from_fig3():
+    """Reduction-op rates (elements/s) of half and fp8 that reproduce the seed's figure 3 ratios
+    under the ring model, given FLOAT_SUM_RATE and the 7 GB/s link (1 process per node)."""
+    n, nodes, beta = SEED_FIG3["elements"], SEED_FIG3["nodes"], TSUBAME["beta_inter"]
+    frac = (nodes - 1) / nodes
+
+    def ring(b, rate):
+        return 2 * frac * n * b / beta + frac * n / rate
+    t32 = ring(4, FLOAT_SUM_RATE)
+    t8 = t32 / SEED_FIG3["fp8_vs_fp32"]
+    t16 = t8 * SEED_FIG3["fp16_vs_fp8"]
+    r8 = frac * n / (t8 - 2 * frac * n * 1 / beta)
+    r16 = frac * n / (t16 - 2 * frac * n * 2 / beta)
+    return {"fp32": FLOAT_SUM_RATE, "fp16": r16, "fp8": r8}
+
+
+def seed_inputs():
+    """(layers at batch 256 per GPU, codec costs, network) for CaffeNet on TSUBAME-KFC/DL.
+
+    Per-layer GPU time: forward MACs × 2 FLOP × 256 samples / (peak × efficiency); backward
+    twice the forward (gradients w.r.t. weights and inputs), conv1 once (no input gradient)."""
+    params, macs = caffenet_shapes()
+    rate = TSUBAME["gpu_peak_flops"] * TSUBAME["gpu_efficiency"]
+    layers = []
+    for k, (name, m) in enumerate(macs.items()):
+        fwd = 2 * m * 256 / rate
+        layers.append(pm.LayerCost(name, fwd, fwd * (1 if k == 0 else 2), params[name]))
+    rates = codec_rates_from_fig3()
+    codecs = {c: pm.CodecCost(pm.CODEC_BYTES[c], rates[c],
+                              pm.INF if c == "fp32" else TSUBAME["gpu_convert_rate"])
+              for c in ("fp32", "fp16", "fp8")}
+    network = pm.Network(TSUBAME["alpha_intra"], TSUBAME["beta_intra"], TSUBAME["alpha_inter"],
+                         TSUBAME["beta_inter"], TSUBAME["gpus_per_node"], TSUBAME["beta_host"])
+    return layers, codecs, network
+
+
+def scaled(layers, factor):
+    return [pm.LayerCost(x.name, x.forward * factor, x.backward * factor, x.tensors)
+            for x in layers]
+
+
+def seed_validation(out_dir):
+    layers, codecs, network = seed_inputs()
+    t1 = sum(x.forward + x.backward for x in layers)
+    lines = [f"CaffeNet: {sum(map(sum, (x.tensors for x in layers))) / 1e6:.2f} M parameters in "
+             f"{sum(len(x.tensors) for x in layers)} tensors; predicted forward+backward at "
+             f"batch 256 on one GK210: {t1 * 1e3:.0f} ms",
+             "reduction rates from seed figure 3 (elements/s): " + ", ".join(
+                 f"{c} {codecs[c].reduce_rate / 1e9:.2f} G" for c in codecs)]
+    rows = []
+    procs = [1, 2, 4, 8, 16, 32, 64, 96, 128, 192]
+    for codec in ("fp32", "fp16", "fp8"):
+        for schedule in ("hierarchical", "flat"):
+            for overlap in (False, True):
+                for p in procs:
+                    it = pm.iteration_time(layers, codecs[codec], network, p, schedule, overlap)
+                    rows.append({"codec": codec, "schedule": schedule, "overlap": overlap,
+                                 "p": p, "iteration_s": it["iteration"], "comm_s": it["comm"],
+                                 "exposed_s": it["exposed"],
+                                 "speedup": p * t1 / it["iteration"]})
+    pick = {(r["codec"], r["schedule"], r["overlap"], r["p"]): r for r in rows}
+    p = SEED_WEAK["procs"]
+    for codec in ("fp32", "fp8"):
+        r = pick[(codec, "hierarchical", True, p)]
+        err = (r["speedup"] - SEED_WEAK[codec]) / SEED_WEAK[codec]
+        lines.append(f"weak scaling {p} GPUs, {codec}, hierarchical, overlapped: predicted "
+                     f"{r['speedup']:.0f}x, seed {SEED_WEAK[codec]:.0f}x ({100 * err:+.0f}%); "
+                     f"comm {r['comm_s'] * 1e3:.0f} ms, exposed {r['exposed_s'] * 1e3:.0f} ms")
+    ratio_pred = pick[("fp8", "hierarchical", True, p)]["speedup"] / \
+        pick[("fp32", "hierarchical", True, p)]["speedup"]
+    lines.append(f"fp8/float speedup ratio at {p}: predicted {ratio_pred:.2f}, seed "
+                 f"{SEED_WEAK['fp8'] / SEED_WEAK['fp32']:.2f}")
+    lines += _seed_breakdown_checks(layers, codecs, network)
+    lines += _sensitivity(layers, codecs, network)
+    if out_dir:
+        os.makedirs(out_dir, exist_ok=True)
+        _write_rows(rows, os.path.join(out_dir, "perf_model_seed.csv"))
+        _plot_seed(rows, os.path.join(out_dir, "perf_model_seed.png"))
+    return lines
+
+
+def _seed_breakdown_checks(layers, codecs, network):
+    """Figure 5 (strong scaling, global batch 256): the model's fp8/float iteration ratio at 2
+    nodes (async) and the ForwardBackward shares at 16 nodes (sync)."""
+    out = []
+    for nodes, overlap in ((2, True), (16, False)):
+        p = nodes * TSUBAME["gpus_per_node"]
+        # Global batch 256: each GPU computes 256/p samples (compute assumed linear in batch).
+        small = scaled(layers, 1.0 / p)
+        it = {c: pm.iteration_time(small, codecs[c], network, p, "hierarchical", overlap)
+              for c in ("fp32", "fp8")}
+        if overlap:
+            out.append(f"figure 5, {nodes} nodes async: float/fp8 iteration ratio predicted "
+                       f"{it['fp32']['iteration'] / it['fp8']['iteration']:.2f}, seed "
+                       f"{SEED_2NODE_FP8_OVER_FP32_ASYNC:.2f}")
+        else:
+            share = {c: it[c]["compute"] / it[c]["iteration"] for c in it}
+            out.append(f"figure 5, {nodes} nodes sync: ForwardBackward share predicted float "
+                       f"{100 * share['fp32']:.1f}% / fp8 {100 * share['fp8']:.1f}%, seed "
+                       f"{100 * SEED_FB_SHARE_16_NODES['fp32']:.2f}% / "
+                       f"{100 * SEED_FB_SHARE_16_NODES['fp8']:.1f}%; comm ratio float/fp8 "
+                       f"predicted {it['fp32']['comm'] / it['fp8']['comm']:.2f}, seed (from the "
+                       f"shares) {_seed_comm_ratio():.2f}")
+    return out
+
+
+def _seed_comm_ratio():
+    """float/fp8 communication ratio implied by figure 5's ForwardBackward shares (same FB)."""
+    s32, s8 = SEED_FB_SHARE_16_NODES["fp32"], SEED_FB_SHARE_16_NODES["fp8"]
+    return (1 / s32 - 1) / (1 / s8 - 1)
+
+
+def _sensitivity(layers, codecs, network):
+    """Speedups at 192 when the assumed GPU efficiency is halved / raised by half."""
+    out = []
+    for eff in (0.25, 0.75):
+        f = TSUBAME["gpu_efficiency"] / eff
+        ls = scaled(layers, f)
+        s = {c: pm.weak_speedup(ls, codecs[c], network, 192) for c in ("fp32", "fp8")}
+        out.append(f"sensitivity: GPU efficiency {eff:.2f} -> 192-GPU speedup float "
+                   f"{s['fp32']:.0f}x, fp8 {s['fp8']:.0f}x")
+    return out
+
+
+def _write_rows(rows, path):
+    with open(path, "w", newline="", encoding="utf-8") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        for r in rows:
+            w.writerow({k: (f"{v:.6g}" if isinstance(v, float) else v) for k, v in r.items()})
+
+
+def _plot_seed(rows, path):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(6.5, 4.5))
+    for codec, color in (("fp32", "C0"), ("fp16", "C2"), ("fp8", "C3")):
+        for overlap, style in ((True, "-"), (False, ":")):
+            pts = [r for r in rows if r["codec"] == codec and r["schedule"] == "hierarchical"
+                   and r["overlap"] == overlap]
+            ax.plot([r["p"] for r in pts], [r["speedup"] for r in pts], style, color=color,
+                    label=f"model {codec}{' overlapped' if overlap else ' sync'}")
+    for codec, color in (("fp32", "C0"), ("fp8", "C3")):
+        ax.plot([SEED_WEAK["procs"]], [SEED_WEAK[codec]], "*", ms=12, color=color,
+                label=f"seed fig. 7 {codec}: {SEED_WEAK[codec]:.0f}x")
+    ax.plot([1, 192], [1, 192], color="grey", lw=0.8, ls="--", label="ideal")
+    ax.set_xlabel("GPUs (8 per node)")
+    ax.set_ylabel("weak-scaling speedup (batch 256 per GPU)")
+    ax.set_title("CaffeNet on TSUBAME-KFC/DL: perf model vs seed", fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+# --- this machine ----------------------------------------------------------------------------
+def read_bench(path, column="min_seconds", processes=2):
+    """{codec: [(elements, seconds)]} of an allreduce_bench.py CSV."""
+    out = {}
+    with open(path, encoding="utf-8") as f:
+        for r in csv.DictReader(f):
+            if int(r["processes"]) == processes:
+                out.setdefault(r["codec"], []).append((int(r["elements"]), float(r[column])))
+    return out
+
+
+def measure_convert_rate(n=1 << 20, repeats=5):
+    """fp8 encode+decode elements/s of this machine's kernels (the exchange's host path)."""
+    import time
+    import numpy
+    from comm import kernels
+    x = numpy.random.default_rng(0).standard_normal(n).astype(numpy.float32)
+    wire, back = numpy.empty(n, numpy.uint8), numpy.empty(n, numpy.float32)
+    best = float("inf")
+    for _ in range(repeats):
+        t = time.perf_counter()
+        kernels.encode_fp8(x, wire, 1.0)
+        kernels.decode_fp8(wire, back, 1.0)
+        best = min(best, time.perf_counter() - t)
+    return n / best
+
+
+def local_validation(bench_path, weak_dir, column="min_seconds"):
+    """Predict the p = 2 runs of a weak-scaling folder from their own per-layer compute times and
+    an (α, seconds/element) fit per codec of a 2-rank allreduce benchmark."""
+    from engine.net import Net
+    bench = read_bench(bench_path, column)
+    fits = {c: pm.fit_alpha_beta(pts) for c, pts in bench.items()}
+    convert = measure_convert_rate()
+    lines = [f"fit t = a + s*n from {bench_path} ({column}, relative residuals): " + ", ".join(
+        f"{c}: a={a * 1e6:.1f} us, s={s * 1e9:.3f} ns/elem" for c, (a, s) in fits.items()),
+        f"fp8 encode+decode on this machine: {convert / 1e9:.2f} G elements/s"]
+    for codec, pts in bench.items():
+        # Held out: fit without the largest size, predict it.
+        pts = sorted(pts)
+        a, s = pm.fit_alpha_beta(pts[:-1])
+        n, t = pts[-1]
+        lines.append(f"held-out {codec} allreduce of {n} elements: predicted "
+                     f"{(a + s * n) * 1e3:.3f} ms from the smaller sizes, measured "
+                     f"{t * 1e3:.3f} ms ({100 * ((a + s * n) / t - 1):+.0f}%)")
+    measured = {}
+    with open(os.path.join(weak_dir, "weak_scaling.csv"), encoding="utf-8") as f:
+        for r in csv.DictReader(f):
+            measured[r["run_dir"]] = float(r["median_iter_s"])
+    rows = []
+    for run in sorted(measured):
+        if not run.startswith("p2_"):
+            continue
+        _, codec, mode = run.split("_")
+        folder = os.path.join(weak_dir, run)
+        folder = folder if os.path.exists(os.path.join(folder, "net.prototxt")) else \
+            os.path.join(folder, "rep0")
+        params = pm.layer_params_from_net(Net(os.path.join(folder, "net.prototxt"), "TRAIN"))
+        times, other = _median_layer_times(folder)
+        layers = pm.build_layers(times, params)
+        a, s = fits[codec]
+        a = max(a, 0.0)   # a negative intercept is a fitting artefact (cache effects, load)
+        b = pm.CODEC_BYTES[codec]
+        # Fold the fitted cost into the model: 2 ranks in one node, ring of 2 = 2α + B/β.
+        network = pm.Network(a / 2, b / s, a / 2, b / s, 2)
+        cost = pm.CodecCost(b, pm.INF, pm.INF if codec == "fp32" else convert)
+        it = pm.iteration_time(layers, cost, network, 2, "flat", mode == "async", update=other)
+        err = (it["iteration"] - measured[run]) / measured[run]
+        rows.append({"run": run, "predicted_s": it["iteration"], "measured_s": measured[run],
+                     "rel_error": err, "compute_s": it["compute"], "comm_s": it["comm"]})
+        lines.append(f"{run}: predicted {it['iteration'] * 1e3:.2f} ms (compute "
+                     f"{it['compute'] * 1e3:.2f}, comm {it['comm'] * 1e3:.2f}), measured median "
+                     f"{measured[run] * 1e3:.2f} ms ({100 * err:+.0f}%)")
+    return lines, rows
+
+
+def _median_layer_times(folder):
+    """Rank-0 per-layer medians of every repeat's timing log in ``folder`` (or its rep*/), and
+    the median 'Other' split (update etc.)."""
+    import glob
+    logs = sorted(glob.glob(os.path.join(os.path.dirname(folder), "rep*", "timing.r0.jsonl"))) \
+        if os.path.basename(folder).startswith("rep") else []
+    logs = logs or [os.path.join(folder, "timing.r0.jsonl")]
+    merged = os.path.join(folder, ".merged_r0.jsonl")
+    others = []
+    with open(merged, "w", encoding="utf-8") as out:
+        for path in logs:
+            with open(path, encoding="utf-8") as f:
+                for line in f:
+                    if line.strip():
+                        rec = json.loads(line)
+                        others.append(rec["split"]["Other"])
+                        out.write(line if line.endswith("\n") else line + "\n")
+    times = pm.layer_times_from_timing_log(merged, skip=5)
+    os.remove(merged)
+    others.sort()
+    return times, others[len(others) // 2]
+
+
+# --- predict ---------------------------------------------------------------------------------
+def predict(args):
+    from engine.net import Net
+    from engine.net_graph import swap_data_layers
+    from engine.prototxt import parse_file
+    model = parse_file(args.model)
+    if args.data_shape:
+        model = swap_data_layers(model, dict(args.data_shape))
+    params = pm.layer_params_from_net(Net(model, phase="TRAIN"))
+    if args.timing_log:
+        times = pm.layer_times_from_timing_log(args.timing_log, args.skip)
+    else:
+        with open(args.caffe_time, encoding="utf-8") as f:
+            times = pm.layer_times_from_caffe_time(f)
+    layers = pm.build_layers(times, params)
+    network = pm.Network(args.alpha_intra, args.beta_intra, args.alpha_inter, args.beta_inter,
+                         args.processes_per_node, args.beta_host)
+    rows = []
+    for codec in args.codecs.split(","):
+        cost = pm.CodecCost(pm.CODEC_BYTES[codec], args.reduce_rate,
+                            pm.INF if codec == "fp32" else args.convert_rate)
+        for p in args.procs:
+            it = pm.iteration_time(layers, cost, network, p, args.schedule, args.overlap,
+                                   args.update)
+            rows.append({"codec": codec, "p": p, "iteration_s": it["iteration"],
+                         "comm_s": it["comm"], "exposed_s": it["exposed"],
+                         "speedup": pm.weak_speedup(layers, cost, network, p, args.schedule,
+                                                    args.overlap, args.update)})
+            print(f"{codec:5s} p={p:4d}  iteration {it['iteration'] * 1e3:9.3f} ms  comm "
+                  f"{it['comm'] * 1e3:8.3f} ms  exposed {it['exposed'] * 1e3:8.3f} ms  "
+                  f"speedup {rows[-1]['speedup']:.2f}")
+    if args.csv:
+        _write_rows(rows, args.csv)
+    return 0
+
+
+def build_parser():
+    from engine.inspect_cmd import _shape_arg
+    from _runs import int_list
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    p = sub.add_parser("predict", help="predict from a net, per-layer times and a network")
+    p.add_argument("--model", required=True, help="net prototxt (parameter sizes)")
+    p.add_argument("--data-shape", action="append", type=_shape_arg, default=[],
+                   metavar="TOP=d0,d1,...", help="swap data layers for Input (no data needed)")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--timing-log", help="caffe8 train --timing-log file (JSON lines)")
+    src.add_argument("--caffe-time", help="saved output of `caffe8 time` / `caffe time`")
+    p.add_argument("--skip", type=int, default=1, help="timing-log warm-up iterations to drop")
+    p.add_argument("--procs", type=int_list, default=[1, 2, 4, 8])
+    p.add_argument("--codecs", default="fp32,fp16,fp8")
+    p.add_argument("--schedule", choices=sorted(pm.SCHEDULES), default="hierarchical")
+    p.add_argument("--no-overlap", dest="overlap", action="store_false")
+    p.add_argument("--processes-per-node", type=int, default=1)
+    p.add_argument("--alpha-intra", type=float, default=2e-6, help="s per message step")
+    p.add_argument("--beta-intra", type=float, default=5e9, help="bytes/s per process")
+    p.add_argument("--alpha-inter", type=float, default=5e-6)
+    p.add_argument("--beta-inter", type=float, default=1.25e9, help="bytes/s of a node's link")
+    p.add_argument("--beta-host", type=float, default=pm.INF, help="D2H/H2D bytes/s (GPU)")
+    p.add_argument("--reduce-rate", type=float, default=pm.INF, help="reduction elements/s")
+    p.add_argument("--convert-rate", type=float, default=pm.INF, help="encode+decode elements/s")
+    p.add_argument("--update", type=float, default=0.0, help="update seconds per iteration")
+    p.add_argument("--csv")
+    s = sub.add_parser("seed", help="CaffeNet on TSUBAME-KFC/DL vs the seed's published numbers")
+    s.add_argument("--out", default="", help="folder for perf_model_seed.csv/.png")
+    lo = sub.add_parser("local", help="this machine: allreduce bench fit vs weak-scaling runs")
+    lo.add_argument("--bench", required=True, help="allreduce_bench.py CSV (2 ranks)")
+    lo.add_argument("--weak-dir", required=True, help="weak_scaling.py output folder")
+    lo.add_argument("--column", default="min_seconds", choices=("min_seconds", "median_seconds"))
+    lo.add_argument("--csv")
+    return ap
+
+
+def main(argv=None):
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    args = build_parser().parse_args(argv)
+    if args.cmd == "predict":
+        return predict(args)
+    if args.cmd == "seed":
+        print("\n".join(seed_validation(args.out)))
+        return 0
+    lines, rows = local_validation(args.bench, args.weak_dir, args.column)
+    print("\n".join(lines))
+    if args.csv and rows:
+        _write_rows(rows, args.csv)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
