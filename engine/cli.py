@@ -71,8 +71,13 @@ def cmd_train(args):
     timing = None
     if args.timing_log:
         from engine.timing import TimingLog
-        timing = TimingLog(args.timing_log, world.rank)
-    _prepare_bundled_data(args.solver, world, log)
+        if world.rank == 0:  # rank 0 truncates; then every rank appends its own records
+            timing = TimingLog(args.timing_log, world.rank, truncate=True)
+        if world.size > 1:
+            world.comm.Barrier()
+        if world.rank != 0:
+            timing = TimingLog(args.timing_log, world.rank, truncate=False)
+    _prepare_bundled_data(args.solver, sp, world, log)
     trainer = Trainer(args.solver, world=world, log=log, exchange_factory=factory, timing=timing)
     if timing is not None:
         timing.attach(trainer)
@@ -109,12 +114,26 @@ def _progress_bar(world, trainer):
                 dynamic_ncols=True, leave=False)
 
 
-def _prepare_bundled_data(solver_path, world, log):
+def _uses_digits(solver_path, solver_param):
+    """True when the solver's nets read the bundled digits data (data/digits/...)."""
+    from engine.prototxt import to_text
+    from engine.trainer import resolve_path
+    texts = [to_text(solver_param)]
+    for field in ("net", "train_net"):
+        if solver_param.has(field):
+            path = resolve_path(getattr(solver_param, field), solver_path)
+            if os.path.exists(path):
+                with open(path, encoding="utf-8", errors="replace") as f:
+                    texts.append(f.read())
+    return any("data/digits/" in t for t in texts)
+
+
+def _prepare_bundled_data(solver_path, solver_param, world, log):
     """The digits demo prepares its data on first use (no download: scikit-learn ships it).
 
     Rank 0 writes it while the others wait, so ranks never race on the same files.
     """
-    if os.path.basename(os.path.dirname(os.path.abspath(solver_path))) != "digits":
+    if not _uses_digits(solver_path, solver_param):
         return
     from engine.datasets import ensure_digits
     if world.rank == 0:

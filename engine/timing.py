@@ -9,6 +9,7 @@ docs/timing_schema.json and summarised as the seed's figure 5/6 split:
 ForwardBackward, D2H, Communication, H2D, Quantile, Other (seconds).
 """
 import json
+import os
 import time
 
 from engine import backend
@@ -39,10 +40,14 @@ class _Clock:
 class TimingLog:
     """Collects per-layer times through Net hooks and writes JSON lines."""
 
-    def __init__(self, path, rank=0):
+    def __init__(self, path, rank=0, truncate=True):
+        """All ranks may share one file: each record is one ``write`` on an O_APPEND descriptor,
+        so records never interleave. Only the first opener truncates (the CLI lets rank 0 open
+        the file before the others)."""
         self.path = path
         self.rank = rank
-        self.file = open(path, "w", encoding="utf-8")
+        flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | (os.O_TRUNC if truncate else 0)
+        self.file = os.open(path, flags, 0o644)
         self.clock = None
         self.marks = []          # (kind, layer index, mark) in call order
         self.net = None
@@ -95,10 +100,9 @@ class TimingLog:
         split["Other"] = max(0.0, wall_seconds - sum(split.values()))
         record = {"iteration": iteration, "rank": self.rank, "wall": wall_seconds,
                   "split": split, "layers": layers}
-        self.file.write(json.dumps(record) + "\n")
-        self.file.flush()
+        os.write(self.file, (json.dumps(record) + "\n").encode())
 
     def close(self):
-        if self.file:
-            self.file.close()
+        if self.file is not None:
+            os.close(self.file)
             self.file = None
