@@ -162,7 +162,7 @@ def cmd_time(args):
 
 def cmd_inspect(args):
     from engine.inspect_cmd import inspect_main
-    return inspect_main([args.model, "--phase", args.phase])
+    return inspect_main(args.rest)
 
 
 def cmd_bench(args):
@@ -203,9 +203,10 @@ def build_parser():
     m.add_argument("--log")
     m.add_argument("--gpu")
     m.set_defaults(fn=cmd_time)
-    i = sub.add_parser("inspect", help="print layers, shapes and the parameter count")
-    i.add_argument("model")
-    i.add_argument("--phase", default="TRAIN", choices=["TRAIN", "TEST"])
+    i = sub.add_parser("inspect", help="print layers, shapes and the parameter count "
+                       "(MODEL [--phase TEST] [--data-shape data=N,C,H,W ...]; see -h of "
+                       "python -m engine.inspect_cmd)", add_help=False)
+    i.add_argument("rest", nargs=argparse.REMAINDER)
     i.set_defaults(fn=cmd_inspect)
     b = sub.add_parser("bench", help="allreduce micro-benchmark (run under mpiexec)")
     b.add_argument("rest", nargs=argparse.REMAINDER)
