@@ -97,7 +97,8 @@ def parse_variants(text):
     return variants
 
 
-def write_variant_solver(solver_path, run_dir, comm_fields, max_iter, test_interval, ppn):
+def write_variant_solver(solver_path, run_dir, comm_fields, max_iter, test_interval, ppn,
+                         random_seed=None):
     """Copy of the solver in ``run_dir`` with the comm block changed; returns its path.
 
     The net path is made absolute (the copy lives elsewhere); data sources inside the net stay
@@ -115,6 +116,8 @@ def write_variant_solver(solver_path, run_dir, comm_fields, max_iter, test_inter
         solver.max_iter = int(max_iter)
     if test_interval:
         solver.test_interval = int(test_interval)
+    if random_seed is not None:
+        solver.random_seed = int(random_seed)
     solver.snapshot = 0
     solver.snapshot_after_train = False
     comm = solver.comm
@@ -185,7 +188,7 @@ def train_command(p, solver, log_path, python, mpiexec):
 def run_variant(args, name, fields):
     run_dir = os.path.join(args.out, name)
     solver = write_variant_solver(args.solver, run_dir, fields, args.max_iter,
-                                  args.test_interval, args.processes_per_node)
+                                  args.test_interval, args.processes_per_node, args.random_seed)
     log_path = os.path.join(os.path.abspath(run_dir), "train.log")
     if os.path.exists(log_path):
         os.remove(log_path)   # GLog appends; a rerun must not mix two runs
@@ -247,6 +250,8 @@ def build_parser():
                     help=f"presets ({', '.join(PRESETS)}) or NAME:field=value,...")
     ap.add_argument("--max-iter", type=int, default=0, help="iterations (default: the solver's)")
     ap.add_argument("--test-interval", type=int, default=0, help="default: the solver's")
+    ap.add_argument("--random-seed", type=int, default=None,
+                    help="solver random_seed for every variant (default: the solver's)")
     ap.add_argument("--accuracy-blob", default="accuracy")
     ap.add_argument("--loss-blob", default="loss")
     ap.add_argument("--timeout", type=float, default=1800, help="seconds per run")

@@ -54,6 +54,9 @@ def test_parse_variants_and_solver_copy(tmp_path):
     assert (s.comm.codec, s.comm.quantile, getattr(s.comm, "async"),
             s.comm.processes_per_node) == ("fp8", pytest.approx(0.99), False, 2)
     assert s.random_seed == parse_file(SOLVER, "SolverParameter").random_seed
+    s = parse_file(ac.write_variant_solver(SOLVER, str(tmp_path / "w"), {}, 0, 0, 0, 5),
+                   "SolverParameter")
+    assert s.random_seed == 5 and s.max_iter == parse_file(SOLVER, "SolverParameter").max_iter
 
 
 @pytest.mark.mpi
