@@ -123,7 +123,7 @@ def plot(hist, window, path, title):
             w = win[(it, name, kind)]
             if w["window_hi"] > 0:
                 ax.axvspan(w["window_lo"], w["window_hi"], color="orange", alpha=0.15,
-                           label="fp8 range (scaled by 57344/q)")
+                           label="fp8 range")
                 ax.axvline(w["q"], color="red", lw=0.8, ls="--", label="q")
             ax.set_xscale("log")
             ax.set_yticks([])
@@ -133,9 +133,10 @@ def plot(hist, window, path, title):
                          fontsize=8)
             if row == 0 and col == 0:
                 ax.legend(fontsize=7, loc="upper left")
+    height = fig.get_figheight()
     fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    fig.tight_layout(rect=(0, 0, 1, 1 - 0.45 / height))   # keep the title off the first row
+    fig.savefig(path, dpi=80)
     plt.close(fig)
 
 
@@ -181,7 +182,7 @@ def main(argv=None):
                "frac_above", "frac_zero"))
     plot(hist, window, os.path.join(args.out, "grad_histograms.png"),
          f"{trainer.net.name}: |∇W| and |D| (ε = {args.epsilon or comm.epsilon:g}); shaded: "
-         f"values fp8 represents after scaling by 57344/q")
+         f"values fp8 represents when sent as v·57344/(q·P'), P' = {args.processes_per_node}")
     for r in window:
         print(f"iter {r['iteration']:5d} {r['tensor']:14s} {r['kind']:5s} q={r['q']:.3g}  "
               f"below {100 * r['frac_below']:.3g}%  above {100 * r['frac_above']:.3g}%  "
