@@ -36,10 +36,11 @@ it already, so ``VAR=... mpiexec ...`` always wins (docs/MPI.md has the measurem
     after 50 polls costs nothing when each rank has its own core (nothing else is runnable).
 
 Not set on purpose: ``MPIR_CVAR_ALLREDUCE_INTRA_ALGORITHM``. For MPI_SUM on float32 MPICH's
-automatic choice was as fast as forcing ``reduce_scatter_allgather`` (measured, docs/MPI.md),
-and for *user-defined* ops MPICH ignores the setting (it falls back to recursive doubling, which
-applies the op to the whole vector at every step), which is why comm/allreduce.py schedules
-reduce-scatter + allgather itself. The benchmark still tries both for the float32 baseline.
+automatic choice was within noise of forcing ``reduce_scatter_allgather``, and for *user-defined*
+ops forcing it changed nothing measurable (SPEC §3.5: MPICH reduces user ops with recursive
+doubling, the op running on the whole vector at every step), which is why comm/allreduce.py
+schedules reduce-scatter + allgather itself. The benchmark still times MPICH's own
+Reduce_scatter_block + Allgather for every format.
 """
 import os
 import sys
