@@ -78,3 +78,10 @@ def test_two_variants_two_processes(tmp_path, monkeypatch):
     assert float(rows[2]["seconds"]) > float(rows[1]["seconds"]) > float(rows[0]["seconds"])
     assert (out / "accuracy.png").read_bytes()[:8] == PNG_MAGIC
     assert "codec: \"fp8\"" in (out / "fp8" / "solver.prototxt").read_text()
+    # --replot redraws from the CSV alone, with the same rows read back.
+    (out / "accuracy.png").unlink()
+    assert ac.main(["--out", str(out), "--replot"]) == 0
+    assert (out / "accuracy.png").read_bytes()[:8] == PNG_MAGIC
+    back = ac.read_csv(str(out / "accuracy.csv"))
+    assert [(r["variant"], r["iteration"]) for r in back] == [
+        (r["variant"], int(r["iteration"])) for r in rows]
