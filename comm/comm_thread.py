@@ -13,7 +13,6 @@ layer index, since backward runs in reverse), and only during the last of ``iter
 """
 import queue
 import threading
-import time
 
 from engine.errors import CaffeError
 
@@ -33,7 +32,8 @@ def build_schedule(layer_param_slices):
 class LayerwiseExchange:
     """Drives ``exchange.exchange_tensor`` per layer; records per-layer communication times.
 
-    ``timings``: {layer index: {"comm": seconds}} of the last iteration (read by the timing log).
+    ``timings``: {layer index: {"encode"|"quantile"|"comm"|"decode": seconds}} of the last
+    iteration (read by the timing log).
     """
 
     def __init__(self, exchange, net, asynchronous=True):
@@ -42,6 +42,7 @@ class LayerwiseExchange:
         self.asynchronous = bool(asynchronous)
         self.schedule = build_schedule(net.layer_param_slices)
         self.timings = {}
+        self.last_quantile_seconds = 0.0
         self._armed = False
         self._error = None
         self.quantile_interval = getattr(exchange.codec, "quantile_interval", 1)
@@ -76,14 +77,17 @@ class LayerwiseExchange:
         else:
             for index in sorted(self.schedule, reverse=True):
                 self._exchange_layer(index)
+        quantile = sum(t.get("quantile", 0.0) for t in self.timings.values())
+        if quantile > 0:
+            self.last_quantile_seconds = quantile  # one full pass; the timing log charges 1/N
         self.exchange.end_iteration()
 
     # --- communication-thread side -------------------------------------------------------------
     def _exchange_layer(self, index):
-        t = time.perf_counter()
+        phases = {}
         for sl in self.schedule[index]:
-            self.exchange.exchange_tensor(sl)
-        self.timings[index] = {"comm": time.perf_counter() - t}
+            self.exchange.exchange_tensor(sl, phases)
+        self.timings[index] = phases
 
     def _run(self):
         while True:

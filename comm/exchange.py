@@ -9,6 +9,7 @@ net (layers in backward order) and ends the iteration. The asynchronous communic
 thread calls it, which is what MPI_THREAD_SERIALIZED allows.
 """
 import hashlib
+import time
 from functools import partial
 
 import numpy
@@ -16,6 +17,7 @@ import numpy
 from engine import backend
 from comm.allreduce import create_allreduce
 from comm.codecs import TensorPlan, create_codec
+from comm.gather_codecs import create_gather_codec
 
 _DEFAULTS = dict(codec="fp8", relative=True, hierarchical=True, quantile=0.95,
                  quantile_interval=100, samples=1024, epsilon=1e-5, processes_per_node=0,
@@ -27,6 +29,12 @@ def _setting(comm_param, name):
     if comm_param is None:
         return _DEFAULTS[name]
     return getattr(comm_param, name, _DEFAULTS[name])
+
+
+def _add(timings, **seconds):
+    if timings is not None:
+        for k, v in seconds.items():
+            timings[k] = timings.get(k, 0.0) + v
 
 
 def _single_buffer(flat):
@@ -51,7 +59,10 @@ class GradientExchange:
         self.warmup_fp32_iters = int(_setting(comm_param, "warmup_fp32_iters"))
         options = {k: _setting(comm_param, k) for k in
                    ("relative", "epsilon", "rounding", "quantile", "quantile_interval", "samples")}
-        self.codec = create_codec(_setting(comm_param, "codec"), rank=world.rank, **options)
+        name = _setting(comm_param, "codec")
+        # APS / Dettmers / Strom carry their own allgather-based collective.
+        self.gather_mean = create_gather_codec(name, comm_param)
+        self.codec = create_codec("fp32" if self.gather_mean else name, rank=world.rank, **options)
         self.fp32 = create_codec("fp32")
         default_algo = "hierarchical" if _setting(comm_param, "hierarchical") else "rsag"
         chosen = _setting(comm_param, "algorithm") or None
@@ -73,20 +84,35 @@ class GradientExchange:
         """Slices of flat_diff of the layer's learnable tensors (weights, biases, ...)."""
         return [sl for _, sl in self.net.layer_param_slices.get(layer_index, [])]
 
-    def exchange_tensor(self, sl):
-        """Replace ``flat_diff[sl]`` by its mean over all processes (no-op on one process)."""
+    def exchange_tensor(self, sl, timings=None):
+        """Replace ``flat_diff[sl]`` by its mean over all processes (no-op on one process).
+
+        ``timings``: a dict that receives seconds of "encode" (incl. the device-to-host copy on
+        a GPU), "quantile", "comm" and "decode" (incl. host-to-device), added to what it holds.
+        """
         if self.world.size == 1 or sl.stop <= sl.start:
+            return
+        grad = _single_buffer(self.net.flat_diff)[sl]
+        t0 = time.perf_counter()
+        if self.gather_mean is not None and self.iteration >= self.warmup_fp32_iters:
+            grad[...] = self.gather_mean(self.world.comm, grad, (sl.start, sl.stop), self.iteration)
+            _add(timings, comm=time.perf_counter() - t0)
             return
         codec = self.codec_for_iteration()
         algo = self.algorithms[self._algo_for[codec.name]]
-        grad = _single_buffer(self.net.flat_diff)[sl]
         plan = TensorPlan(stages=algo.stages, parts=algo.parts, comm=self.world.comm,
                           key=(sl.start, sl.stop), weight=_single_buffer(self.net.flat_data)[sl],
                           iteration=self.iteration)
+        q0 = codec.quantile_seconds
         wire, ctx = codec.compress(grad, plan)
+        t1 = time.perf_counter()
         between = partial(codec.between_stages, ctx=ctx) if codec.between_stages else None
         algo.sum(wire, codec.wire, between)
+        t2 = time.perf_counter()
         codec.decompress(wire, ctx, grad)
+        quantile = codec.quantile_seconds - q0
+        _add(timings, encode=t1 - t0 - quantile, quantile=quantile, comm=t2 - t1,
+             decode=time.perf_counter() - t2)
 
     def exchange_layer(self, layer_index, layer=None):
         """Exchange every learnable tensor of one layer (signature of Net.add_backward_hook)."""

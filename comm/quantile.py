@@ -4,6 +4,8 @@ Every ``interval`` iterations each rank estimates q_l, the Q-quantile of |D_l|, 
 random samples of the tensor, and the ranks agree on the maximum (MAX-allreduce), so every rank
 scales by the same 57344/q_l and the fp8 sums line up.
 """
+import zlib
+
 import numpy
 
 from engine import backend
@@ -58,18 +60,24 @@ class QuantileTracker:
             raise ValueError(f"comm.quantile_interval and comm.samples must be >= 1, got "
                              f"{interval} and {samples}")
         self.quantile, self.interval, self.samples = quantile, interval, samples
-        entropy = [seed] if shared_seed else [seed, rank]
-        self.rng = numpy.random.default_rng(entropy)
+        self.entropy = [seed] if shared_seed else [seed, rank]
         self.values = {}
 
     def due(self, key, iteration):
         """True when ``key`` has no q yet or ``iteration`` is a multiple of the interval."""
         return key not in self.values or iteration % self.interval == 0
 
-    def update(self, key, d, comm):
+    def _rng(self, key, iteration):
+        """Sample positions depend on (seed, [rank,] tensor, iteration) only, not on the order in
+        which tensors are exchanged: the asynchronous and synchronous exchanges then agree."""
+        tag = zlib.crc32(repr(key).encode())
+        return numpy.random.default_rng(self.entropy + [tag, int(iteration)])
+
+    def update(self, key, d, comm, iteration=0):
         """Estimate q for tensor ``key`` from ``d`` (D, not |D|), agree on the max, store it."""
         xp = backend.get_array_module(d)
-        local = sample_quantile(xp.abs(d.ravel()), self.quantile, self.samples, self.rng)
+        local = sample_quantile(xp.abs(d.ravel()), self.quantile, self.samples,
+                                self._rng(key, iteration))
         q = agree_max(comm, local)
         # An all-zero tensor gives q = 0; any positive scale then encodes it exactly (as 0).
         self.values[key] = q if q > 0.0 else 1.0

@@ -100,3 +100,15 @@ def rng_state():
 
 def set_rng_state(state):
     _rng.bit_generator.state = state
+
+
+def host_buffer(n, dtype):
+    """A zeroed host array of ``n`` elements: page-locked (pinned) when on the GPU, so device
+    copies into it run at full speed and can be asynchronous; plain NumPy otherwise."""
+    if on_gpu():
+        itemsize = numpy.dtype(dtype).itemsize
+        mem = cupy.cuda.alloc_pinned_memory(max(1, n * itemsize))
+        out = numpy.frombuffer(mem, dtype, n)
+        out[...] = 0
+        return out
+    return numpy.zeros(n, dtype)

@@ -157,7 +157,9 @@ message CommParameter {
   optional float epsilon = 7 [default = 1e-5]; optional bool async = 8 [default = true];
   optional int32 processes_per_node = 9 [default = 0]; optional int32 warmup_fp32_iters = 10 [default = 0];
   optional string rounding = 11 [default = "nearest"]; optional int32 consistency_check_interval = 12 [default = 0];
-  optional string algorithm = 13 [default = ""]; optional string nonfinite = 14 [default = "stop"]; }
+  optional string algorithm = 13 [default = ""]; optional string nonfinite = 14 [default = "stop"];
+  optional string aps_format = 15 [default = "E5M2"]; optional bool kahan = 16 [default = false];
+  optional float strom_tau = 17 [default = 0]; optional string dettmers_type = 18 [default = "dynamic_tree"]; }
 
 message SolverParameter {
   optional string net = 24; optional NetParameter net_param = 25;

@@ -62,6 +62,9 @@ def test_async_and_sync_fp8_hierarchical_are_bit_identical_on_4_ranks(in_digits_
     dict(codec="fp16"),
     dict(codec="fp32"),
     dict(rounding="truncate", processes_per_node=1),
+    dict(codec="aps", aps_format="E4M3", kahan=True),
+    dict(codec="dettmers", dettmers_type="dynamic_tree"),
+    dict(codec="strom", strom_tau=0.002),
 ])
 def test_exchange_variants_train_and_stay_identical(in_digits_cwd, tmp_path, comm):
     r = run_train(2, _solver(tmp_path, **comm), in_digits_cwd)
