@@ -9,7 +9,7 @@ Trains the solver's net in one process (quantile_trace.probe_training) and, at e
 iteration, bins the nonzero |values| of the raw gradient and of D (the fp8 codec's ``ratio``)
 into log10 bins (``--bins-per-decade``) and counts zeros apart. For each it also marks the range
 that the fp8 exchange can represent: with q the Q-quantile of the tensor (the same estimate as
-the exchange, comm.quantile.sample_quantile), values are scaled by 57344/q, so
+the exchange, a comm.quantile.QuantileTracker), values are scaled by 57344/q, so
 [q·2^-16/57344, q] maps onto fp8's [2^-16, 57344] (a ratio of 10^9.5); smaller values flush to
 zero, larger ones saturate. With ``--processes-per-node`` P' the exchange sends
 D·57344/(q·P'), so the window of one process's values is [P'·q·2^-16/57344, P'·q] (the sum of
@@ -28,9 +28,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import numpy  # noqa: E402
 
-from quantile_trace import REPO, make_trainer, probe_training  # noqa: E402
+from quantile_trace import REPO, make_trainer, probe_training, tracker_quantile  # noqa: E402
 from comm.codecs import FP8_MAX, create_codec  # noqa: E402
-from comm.quantile import sample_quantile  # noqa: E402
+from comm.quantile import QuantileTracker  # noqa: E402
 from engine import backend  # noqa: E402
 from engine.errors import CaffeError  # noqa: E402
 
@@ -72,14 +72,14 @@ def collect(trainer, iterations, at, tensors, quantile, samples, epsilon, seed=0
             bins_per_decade=4, ppn=1):
     """(histogram rows, window rows) at the iterations in ``at``."""
     codec = create_codec("fp8", relative=True, epsilon=epsilon)
-    rng = numpy.random.default_rng([seed])
+    tracker = QuantileTracker(quantile, 1, samples, seed)
     hist, window = [], []
 
     def record(it, name, grad, weight):
         arrays = {"grad": grad, "ratio": codec.ratio(grad, weight)}
         for kind in KINDS:
             host = backend.to_numpy(arrays[kind]).ravel()
-            q = sample_quantile(numpy.abs(host), quantile, samples, rng)
+            q = tracker_quantile(tracker, (name, kind), arrays[kind], it)
             edges, counts, zeros = log_histogram(host, bins_per_decade)
             base = {"iteration": it, "tensor": name, "kind": kind}
             hist.append(dict(base, bin_lo=0.0, bin_hi=0.0, count=zeros))

@@ -7,10 +7,9 @@ Usage (from the repository root)::
 
 Trains the solver's net in one process (no exchange; the solver's own update) with a backward
 hook: every ``--interval`` iterations, right after a layer's backward, each of its parameter
-tensors gets D from the fp8 codec's own ``ratio`` (comm/codecs.py) and q from
-``comm.quantile.sample_quantile`` with a generator seeded like the codec's tracker — the same
-sampling (at most R random entries, with replacement; all entries of smaller tensors) that the
-exchange uses. ``--direct`` traces |∇W| instead (the D_l = ∇W_l ablation).
+tensors gets D from the fp8 codec's own ``ratio`` (comm/codecs.py) and q from a
+``comm.quantile.QuantileTracker`` — the exchange's own estimator (at most R random entries,
+with replacement; all entries of smaller tensors), here without the MAX-allreduce (one process). ``--direct`` traces |∇W| instead (the D_l = ∇W_l ablation).
 Writes OUT/quantile_trace.csv (iteration, tensor, elements, quantile) and OUT/quantile_trace.png
 (log-scale traces; weights solid, biases dotted, as in figure 12).
 
@@ -19,16 +18,15 @@ Writes OUT/quantile_trace.csv (iteration, tensor, elements, quantile) and OUT/qu
 """
 import argparse
 import csv
+import inspect
 import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import numpy  # noqa: E402
 
 from comm.codecs import create_codec  # noqa: E402
-from comm.quantile import sample_quantile  # noqa: E402
-from engine import backend  # noqa: E402
+from comm.quantile import QuantileTracker  # noqa: E402
 from engine.errors import CaffeError  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -82,17 +80,24 @@ def probe_training(trainer, iterations, want, fn, tensors=None):
     trainer.step(iterations)
 
 
+def tracker_quantile(tracker, key, d, iteration):
+    """q of tensor ``key`` from D by ``tracker.update`` (one process: no allreduce). Passes the
+    iteration when the tracker's ``update`` takes one (its sample positions may depend on it)."""
+    if "iteration" in inspect.signature(tracker.update).parameters:
+        return tracker.update(key, d, None, iteration=iteration)
+    return tracker.update(key, d, None)
+
+
 def trace(trainer, iterations, interval, quantile, samples, epsilon, seed=0, relative=True,
           tensors=None):
     """[{iteration, tensor, elements, quantile}] every ``interval`` iterations (and the last)."""
     codec = create_codec("fp8", relative=relative, epsilon=epsilon)
-    rng = numpy.random.default_rng([seed])   # the codec tracker's generator (shared_seed)
+    tracker = QuantileTracker(quantile, max(1, interval), samples, seed)
     rows = []
 
     def record(it, name, grad, weight):
         d = codec.ratio(grad, weight)
-        xp = backend.get_array_module(d)
-        q = sample_quantile(xp.abs(d.ravel()), quantile, samples, rng)
+        q = tracker_quantile(tracker, name, d, it)
         rows.append({"iteration": it, "tensor": name, "elements": int(d.size), "quantile": q})
 
     probe_training(trainer, iterations,
