@@ -140,3 +140,34 @@ def test_fit_alpha_beta_relative_weights_match_polyfit():
     assert a == pytest.approx(icept, rel=1e-6) and s == pytest.approx(slope, rel=1e-6)
     with pytest.raises(ValueError):
         fit_alpha_beta([(10, 1.0), (10, 2.0)])
+
+
+def test_predict_cli(tmp_path):
+    """scripts/perf_model.py predict on the tiny DummyData net from `caffe8 time`-style lines:
+    one process costs exactly the listed layer times; the parameter tensors come from the
+    built net, and on 2 processes of one node each pays 2 latency steps."""
+    import csv
+    import os
+    import sys
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    sys.path.insert(0, os.path.join(repo, "scripts"))
+    import perf_model as cli
+    timing = tmp_path / "time.txt"
+    timing.write_text("I1122 03:00:00.000000 1 tester.py:83]        fc1\tforward: 2 ms.\n"
+                      "I1122 03:00:00.000000 1 tester.py:84]        fc1\tbackward: 4 ms.\n"
+                      "I1122 03:00:00.000000 1 tester.py:83]        fc2\tforward: 1 ms.\n"
+                      "I1122 03:00:00.000000 1 tester.py:84]        fc2\tbackward: 3 ms.\n")
+    out = tmp_path / "pred.csv"
+    model = os.path.join(repo, "tests", "scripts", "data", "tiny_net.prototxt")
+    assert cli.main(["predict", "--model", model, "--caffe-time", str(timing), "--procs",
+                     "1,2", "--codecs", "fp32,fp8", "--no-overlap", "--alpha-intra", "1e-3",
+                     "--processes-per-node", "2",
+                     "--beta-intra", "1e12", "--csv", str(out)]) == 0
+    rows = {(r["codec"], r["p"]): r for r in csv.DictReader(open(out))}
+    assert float(rows[("fp32", "1")]["iteration_s"]) == pytest.approx(0.010, rel=1e-6)
+    # p = 2, one node, no overlap: each tensor pays 2 steps of α = 1 ms (bandwidth ~free).
+    from engine.net import Net
+    from comm.perf_model import layer_params_from_net
+    tensors = sum(len(v) for v in layer_params_from_net(Net(model, phase="TRAIN")).values())
+    expect = 0.010 + tensors * 2e-3
+    assert float(rows[("fp32", "2")]["iteration_s"]) == pytest.approx(expect, rel=1e-3)
