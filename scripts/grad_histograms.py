@@ -3,7 +3,8 @@
 
 Usage (from the repository root)::
 
-    python scripts/grad_histograms.py --out runs/hist --at 0,100,999 --tensors conv2.weight,ip1.weight
+    python scripts/grad_histograms.py --out runs/hist --at 0,100,999 \
+        --tensors conv2.weight,ip1.weight
 
 Trains the solver's net in one process (quantile_trace.probe_training) and, at each ``--at``
 iteration, bins the nonzero |values| of the raw gradient and of D (the fp8 codec's ``ratio``)

@@ -9,7 +9,8 @@ Trains the solver's net in one process (no exchange; the solver's own update) wi
 hook: every ``--interval`` iterations, right after a layer's backward, each of its parameter
 tensors gets D from the fp8 codec's own ``ratio`` (comm/codecs.py) and q from a
 ``comm.quantile.QuantileTracker`` — the exchange's own estimator (at most R random entries,
-with replacement; all entries of smaller tensors), here without the MAX-allreduce (one process). ``--direct`` traces |∇W| instead (the D_l = ∇W_l ablation).
+with replacement; all entries of smaller tensors), here without the MAX-allreduce (one process).
+``--direct`` traces |∇W| instead (the D_l = ∇W_l ablation).
 Writes OUT/quantile_trace.csv (iteration, tensor, elements, quantile) and OUT/quantile_trace.png
 (log-scale traces; weights solid, biases dotted, as in figure 12).
 
@@ -180,7 +181,8 @@ def main(argv=None):
         last[r["tensor"]] = r
     qs = [r["quantile"] for r in last.values() if r["quantile"] > 0]
     for r in last.values():
-        print(f"{r['tensor']:16s} n={r['elements']:8d}  q={r['quantile']:.4g} (iter {r['iteration']})")
+        print(f"{r['tensor']:16s} n={r['elements']:8d}  q={r['quantile']:.4g} "
+              f"(iter {r['iteration']})")
     if qs:
         print(f"spread of the last quantiles: max/min = {max(qs) / min(qs):.3g}")
     print(f"wrote {args.out}/quantile_trace.csv and .png")

@@ -38,7 +38,8 @@ def test_fp8_adds_conversion():
 
 def test_hierarchical_closed_form():
     # P = 8, P' = 4 → 2 nodes. Intra: 3 steps each way, 2·3/4·B/β_intra, 3/4·n reduced.
-    # Inter: ring of 2 on n/4 elements, link β/4 per process → 2α + 2·1/2·(B/4)/(β/4) + 1/2·n/4/r.
+    # Inter: ring of 2 on n/4 elements, link β/4 per process →
+    # 2α + 2·1/2·(B/4)/(β/4) + 1/2·n/4/r.
     n = 4_000_000
     b = 4 * n
     intra = 2 * 3 * 2e-6 + 2 * 0.75 * b / 4e9 + 0.75 * n / 1e9
@@ -52,7 +53,7 @@ def test_hierarchical_closed_form():
 def test_two_layers_overlap_max_form():
     fwd, b1, b2 = 0.005, 0.030, 0.010
     net = Network(0.0, INF_BW, 0.0, INF_BW, 1, INF_BW)
-    # Codec with a pure per-element cost: c = n·s with s = 1/reduce_rate·(P-1)/P, P = 2 → n/2e6 s.
+    # Codec with a pure per-element cost: c = n·(P−1)/P / reduce_rate, P = 2 → n/2e6 s.
     codec = CodecCost(4, reduce_rate=1e6)
     n1, n2 = 20_000, 60_000            # c1 = 0.01 s, c2 = 0.03 s
     c1, c2 = n1 / 2e6, n2 / 2e6
