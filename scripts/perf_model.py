@@ -22,6 +22,7 @@ import argparse
 import csv
 import json
 import os
+import re
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -324,6 +325,47 @@ def _median_layer_times(folder):
     return times, others[len(others) // 2]
 
 
+def check_run(logs, model, bench_path, codec, overlap, p, skip=10, column="min_seconds"):
+    """Predict one measured run from its own rank-0 per-layer compute times, its median 'Other'
+    (update and unattributed time) and an allreduce-bench fit; returns a result dict.
+
+    ``logs``: the run's timing logs (rank 0's first). Measured iteration = median over
+    iterations >= ``skip`` of the slowest rank's wall; measured exchange work = median of rank
+    0's per-layer encode + quantile + comm + decode, summed."""
+    from engine.net import Net
+    a, s = pm.fit_alpha_beta(read_bench(bench_path, column)[codec])
+    a = max(a, 0.0)
+    b = pm.CODEC_BYTES[codec]
+    network = pm.Network(a / 2, b / s, a / 2, b / s, p)
+    cost = pm.CodecCost(b, pm.INF, pm.INF if codec == "fp32" else measure_convert_rate())
+    walls, work, others = {}, [], []
+    for path in logs:
+        with open(path, encoding="utf-8") as f:
+            for rec in (json.loads(line) for line in f if line.strip()):
+                if rec["iteration"] < skip:
+                    continue
+                # One job = the logs that differ only in the rank suffix (".r<k>.jsonl").
+                key = (re.sub(r"\.r\d+\.jsonl$", "", path), rec["iteration"])
+                walls[key] = max(walls.get(key, 0.0), rec["wall"])
+                if rec["rank"] == 0:
+                    others.append(rec["split"]["Other"])
+                    work.append(sum(x[k] for x in rec["layers"]
+                                    for k in ("encode", "quantile", "comm", "decode")))
+    times = pm.layer_times_from_timing_log(logs[0], skip)
+    layers = pm.build_layers(times, pm.layer_params_from_net(Net(model, "TRAIN")))
+    it = pm.iteration_time(layers, cost, network, p, "flat", overlap, _median(others))
+    measured = _median(list(walls.values()))
+    return {"codec": codec, "overlap": overlap, "predicted_s": it["iteration"],
+            "measured_s": measured, "rel_error": it["iteration"] / measured - 1,
+            "predicted_comm_s": it["comm"], "measured_comm_s": _median(work),
+            "compute_s": it["compute"]}
+
+
+def _median(values):
+    v = sorted(values)
+    return v[len(v) // 2] if len(v) % 2 else 0.5 * (v[len(v) // 2 - 1] + v[len(v) // 2])
+
+
 # --- predict ---------------------------------------------------------------------------------
 def predict(args):
     from engine.net import Net
@@ -394,6 +436,14 @@ def build_parser():
     lo.add_argument("--weak-dir", required=True, help="weak_scaling.py output folder")
     lo.add_argument("--column", default="min_seconds", choices=("min_seconds", "median_seconds"))
     lo.add_argument("--csv")
+    c = sub.add_parser("check", help="one measured run vs the model fed its own layer times")
+    c.add_argument("--timing-logs", required=True, help="comma-separated, rank 0's first")
+    c.add_argument("--model", required=True, help="the run's net prototxt")
+    c.add_argument("--bench", required=True, help="allreduce_bench.py CSV (same P)")
+    c.add_argument("--codec", default="fp8")
+    c.add_argument("--overlap", action="store_true", help="the run used comm.async true")
+    c.add_argument("--processes", type=int, default=2)
+    c.add_argument("--skip", type=int, default=10)
     return ap
 
 
@@ -404,6 +454,15 @@ def main(argv=None):
         return predict(args)
     if args.cmd == "seed":
         print("\n".join(seed_validation(args.out)))
+        return 0
+    if args.cmd == "check":
+        r = check_run(args.timing_logs.split(","), args.model, args.bench, args.codec,
+                      args.overlap, args.processes, args.skip)
+        print(f"{r['codec']} {'async' if r['overlap'] else 'sync'}: iteration predicted "
+              f"{r['predicted_s'] * 1e3:.2f} ms, measured {r['measured_s'] * 1e3:.2f} ms "
+              f"({100 * r['rel_error']:+.0f}%); exchange work predicted "
+              f"{r['predicted_comm_s'] * 1e3:.2f} ms, measured {r['measured_comm_s'] * 1e3:.2f} ms;"
+              f" compute {r['compute_s'] * 1e3:.2f} ms")
         return 0
     lines, rows = local_validation(args.bench, args.weak_dir, args.column)
     print("\n".join(lines))

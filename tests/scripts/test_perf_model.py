@@ -172,3 +172,42 @@ def test_predict_cli(tmp_path):
     tensors = sum(len(v) for v in layer_params_from_net(Net(model, phase="TRAIN")).values())
     expect = 0.010 + tensors * 2e-3
     assert float(rows[("fp32", "2")]["iteration_s"]) == pytest.approx(expect, rel=1e-3)
+
+
+def test_check_run_against_synthetic_logs(tmp_path):
+    """perf_model.py check: measured = median over iterations of the slowest rank's wall;
+    predicted (sync) = layer times + Other + Σ over tensors of the fitted α + s·n."""
+    import os
+    import sys
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    sys.path.insert(0, os.path.join(repo, "scripts"))
+    import perf_model as cli
+    from engine.net import Net
+    from comm.perf_model import layer_params_from_net
+    model = os.path.join(repo, "tests", "scripts", "data", "tiny_net.prototxt")
+    sizes = [n for v in layer_params_from_net(Net(model, phase="TRAIN")).values() for n in v]
+    bench = tmp_path / "bench.csv"
+    lines = ["codec,elements,processes,median_seconds,min_seconds"]
+    for n in (1000, 100000, 1000000):
+        t = 1e-4 + 1e-9 * n
+        lines.append(f"fp32,{n},2,{2 * t},{t}")
+    bench.write_text("\n".join(lines) + "\n")
+    times = {"fc1": (0.002, 0.004), "fc2": (0.001, 0.003)}
+    walls = {0: [0.05, 0.02, 0.03, 0.04, 0.01], 1: [0.06, 0.025, 0.01, 0.05, 0.02]}
+    logs = []
+    for rank in (0, 1):
+        path = tmp_path / f"job.r{rank}.jsonl"
+        recs = []
+        for it in range(5):
+            layers = [{"name": n, "type": "X", "forward": f, "backward": b, "encode": 0.0,
+                       "d2h": 0.0, "comm": 0.0, "h2d": 0.0, "decode": 0.0, "quantile": 0.0}
+                      for n, (f, b) in times.items()]
+            recs.append({"iteration": it, "rank": rank, "wall": walls[rank][it],
+                         "split": {"Other": 0.001}, "layers": layers})
+        path.write_text("\n".join(json.dumps(r) for r in recs) + "\n")
+        logs.append(str(path))
+    r = cli.check_run(logs, model, str(bench), "fp32", False, 2, skip=1)
+    # Iterations 1..4: slowest rank 0.025, 0.03, 0.05, 0.02 → median 0.0275.
+    assert r["measured_s"] == pytest.approx(0.0275)
+    expect = 0.010 + 0.001 + sum(1e-4 + 1e-9 * n for n in sizes)
+    assert r["predicted_s"] == pytest.approx(expect, rel=1e-6)
