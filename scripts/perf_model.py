@@ -19,7 +19,8 @@ Usage (from the repository root)::
     # one measured run (e.g. scripts/overlap_bench.py output) vs the model fed its own
     # per-layer times: timing logs rank 0's first, comma separated
     python scripts/perf_model.py check --model RUN/net.prototxt --codec fp8 --overlap \
-        --bench runs/allreduce_2r.csv --timing-logs RUN/timing.rep0.r0.jsonl,RUN/timing.rep0.r1.jsonl
+        --bench runs/allreduce_2r.csv \
+        --timing-logs RUN/timing.rep0.r0.jsonl,RUN/timing.rep0.r1.jsonl
 
 ``seed`` states every input it uses; see ``TSUBAME`` and ``seed_inputs`` below.
 """
