@@ -96,3 +96,19 @@ def test_single_process_train_without_mpi4py(in_digits_cwd, tmp_path):
                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=120)
     assert r.returncode == 0, r.stdout[-2000:]
     assert "Optimization Done." in r.stdout
+
+
+def test_gru_small_trains_with_fp8(tmp_path):
+    """The small GRU net learns its recall task with the fp8 exchange on 2 ranks."""
+    from engine.prototxt import parse_file, to_text
+    sp = parse_file(os.path.join(REPO, "prototxt", "gru", "solver_small.prototxt"), "SolverParameter")
+    sp.net = os.path.join(REPO, "prototxt", "gru", "gru_small.prototxt")
+    sp.max_iter, sp.display, sp.test_interval, sp.snapshot_after_train = 100, 20, 100, False
+    sp.comm.codec, sp.comm.consistency_check_interval = "fp8", 50
+    solver = tmp_path / "solver.prototxt"
+    solver.write_text(to_text(sp))
+    r = run_train(2, str(solver), tmp_path)
+    assert r.returncode == 0, r.stdout[-3000:]
+    losses = [float(x) for x in re.findall(r"Iteration \d+ \([^)]*\), loss = ([\d.e+-]+)", r.stdout)]
+    assert len(losses) == 5 and losses[-1] < 0.3 * losses[0], losses
+    assert len(re.findall(r"bit-identical on all 2 ranks", r.stdout)) == 2
