@@ -63,3 +63,17 @@ def gpu_matches_cpu(text, bottoms, n_top=1, rtol=1e-4, atol=1e-5):
         layer.backward(top, [True] * len(bottom), bottom)
     for hb, db in zip(host[1] + host[0].blobs, dev[1] + dev[0].blobs):
         numpy.testing.assert_allclose(backend.to_numpy(db.diff), hb.diff, rtol=rtol, atol=atol)
+
+
+def assert_param_diffs_accumulate(text, bottom_arrays, rng):
+    """Two backward passes: parameter diffs double (accumulate), the bottom diff is overwritten."""
+    layer, bottom, top = build(text, bottom_arrays)
+    set_params(layer)
+    forward(layer, bottom, top)
+    top[0].diff[...] = rng.standard_normal(top[0].shape)
+    layer.backward(top, [True], bottom)
+    first = [p.diff.copy() for p in layer.blobs], bottom[0].diff.copy()
+    layer.backward(top, [True], bottom)
+    for p, d in zip(layer.blobs, first[0]):
+        numpy.testing.assert_allclose(p.diff, 2 * d)
+    numpy.testing.assert_allclose(bottom[0].diff, first[1])

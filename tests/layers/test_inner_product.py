@@ -5,7 +5,8 @@ import pytest
 from engine.errors import LayerError
 from engine.gradcheck import check_layer_gradient
 from tests.layers import naive
-from tests.layers.spatial_helpers import build, forward, gpu_matches_cpu, set_params
+from tests.layers.spatial_helpers import (assert_param_diffs_accumulate, build, forward,
+                                          gpu_matches_cpu, set_params)
 
 RNG = numpy.random.default_rng(11)
 
@@ -45,16 +46,7 @@ def test_gradients(shape, body):
 
 
 def test_param_diffs_accumulate_bottom_diff_overwritten():
-    layer, bottom, top = build(ip_text("num_output: 3"), [RNG.standard_normal((2, 4))])
-    set_params(layer)
-    forward(layer, bottom, top)
-    top[0].diff[...] = RNG.standard_normal(top[0].shape)
-    layer.backward(top, [True], bottom)
-    first = [p.diff.copy() for p in layer.blobs], bottom[0].diff.copy()
-    layer.backward(top, [True], bottom)
-    for p, d in zip(layer.blobs, first[0]):
-        numpy.testing.assert_allclose(p.diff, 2 * d)
-    numpy.testing.assert_allclose(bottom[0].diff, first[1])
+    assert_param_diffs_accumulate(ip_text("num_output: 3"), [RNG.standard_normal((2, 4))], RNG)
 
 
 def test_fillers_and_float32_default():
