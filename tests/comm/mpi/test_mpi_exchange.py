@@ -47,6 +47,14 @@ def test_failing_rank_ends_the_whole_job():
     assert elapsed < 60
 
 
+def test_killed_rank_ends_job_within_60s():
+    start = time.monotonic()
+    proc = run_ranks("prog_killed.py", 4, timeout=60)
+    assert proc.returncode != 0, proc.stdout[-2000:]
+    assert "unreachable" not in proc.stdout
+    assert time.monotonic() - start < 60
+
+
 def _python(code, env=None):
     return subprocess.run([sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.PIPE,
                           stderr=subprocess.STDOUT, text=True, timeout=120,
