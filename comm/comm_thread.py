@@ -14,6 +14,7 @@ layer index, since backward runs in reverse), and only during the last of ``iter
 import queue
 import threading
 
+from engine import backend
 from engine.errors import CaffeError
 
 
@@ -90,6 +91,7 @@ class LayerwiseExchange:
         self.timings[index] = phases
 
     def _run(self):
+        backend.bind_thread()
         while True:
             index = self._queue.get()
             try:
@@ -107,6 +109,15 @@ class LayerwiseExchange:
 
     def close(self):
         if self.asynchronous and self._thread.is_alive():
+            self._error = self._error or (-1, RuntimeError("closing"))  # drain without MPI
             self._queue.put(None)
             self._thread.join(timeout=10)
+            if self._thread.is_alive():
+                return  # still inside MPI: freeing communicators now would race with it
         self.exchange.free()
+
+    def state(self):
+        return self.exchange.state()
+
+    def restore(self, state):
+        self.exchange.restore(state)

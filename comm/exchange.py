@@ -130,6 +130,20 @@ class GradientExchange:
                     self.exchange_tensor(sl)
         self.end_iteration()
 
+    def state(self):
+        """What an exact resume needs: the iteration (warm-up, quantile refresh) and every
+        tensor's current q. (Strom's residuals are not saved: a resumed Strom run restarts them.)"""
+        tracker = getattr(self.codec, "tracker", None)
+        values = tracker.values.items() if tracker is not None else ()
+        return {"iteration": self.iteration,
+                "quantiles": [[int(k[0]), int(k[1]), float(q)] for k, q in values]}
+
+    def restore(self, state):
+        self.iteration = int(state["iteration"])
+        tracker = getattr(self.codec, "tracker", None)
+        if tracker is not None:
+            tracker.values = {(a, b): q for a, b, q in state["quantiles"]}
+
     def end_iteration(self):
         """Advance the iteration counter (warm-up and quantile refresh depend on it)."""
         self.iteration += 1

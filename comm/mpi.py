@@ -113,6 +113,17 @@ class World:
         self.comm = comm
         self.rank = comm.Get_rank() if comm is not None else 0
         self.size = comm.Get_size() if comm is not None else 1
+        self.local_rank = self._local_rank()
+
+    def _local_rank(self):
+        """Rank among the processes of this node (GPU choice: one GPU per local rank)."""
+        if self.comm is None:
+            return 0
+        node = self.comm.Split_type(mpi_module().COMM_TYPE_SHARED)  # collective, all ranks
+        try:
+            return node.Get_rank()
+        finally:
+            node.Free()
 
     @property
     def is_mpi(self):

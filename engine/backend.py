@@ -90,7 +90,16 @@ def random_uniform(shape, dtype, module=None):
     module = module or xp
     if module is numpy:
         return _rng.random(shape, dtype=numpy.float64).astype(dtype, copy=False)
-    return module.random.random_sample(shape, dtype=dtype)
+    # Device samples seeded from the host generator: its saved state then also fixes the GPU
+    # stream of random numbers, so a resumed run draws the same Dropout masks.
+    seed = int(_rng.integers(0, 2**63 - 1))
+    return module.random.RandomState(seed).random_sample(shape, dtype=dtype)
+
+
+def bind_thread():
+    """Make the calling thread use the process's GPU (CuPy's current device is per thread)."""
+    if on_gpu():
+        cupy.cuda.Device(_device_id).use()
 
 
 def rng_state():

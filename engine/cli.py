@@ -45,7 +45,10 @@ def select_device(gpu, solver_mode, device_id, world, log):
             raise CaffeError(f"--gpu {gpu} given but no CUDA GPU / CuPy is available")
         log("solver_mode is GPU but no CUDA GPU / CuPy is available; running on the CPU")
         return
-    base = int(gpu) if gpu is not None else device_id
+    try:
+        base = int(gpu) if gpu is not None else device_id
+    except ValueError:
+        raise CaffeError(f"--gpu {gpu}: give one device id; each process uses id + its local rank") from None
     local = getattr(world, "local_rank", 0)
     count = backend.cupy.cuda.runtime.getDeviceCount()
     backend.use_gpu((base + local) % count)
@@ -62,7 +65,8 @@ def cmd_train(args):
     world = make_world()
     log = _logger(args, world)
     sp = parse_file(args.solver, "SolverParameter")
-    select_device(args.gpu, sp.solver_mode, sp.device_id, world, log)
+    # Caffe's tool: solver_mode GPU counts only when the file sets it (its default is GPU).
+    select_device(args.gpu, sp.solver_mode if sp.has("solver_mode") else None, sp.device_id, world, log)
     if args.snapshot and args.weights:
         raise CaffeError("give either --snapshot or --weights, not both")
     factory = None

@@ -36,6 +36,8 @@ class GLog:
         where = f"{os.path.basename(frame.f_code.co_filename)}:{frame.f_lineno}"
         prefix = f"{level}{now:%m%d} {now:%H:%M:%S}.{now.microsecond:06d} {self._pid % 100000:>5d} {where}] "
         lines = [prefix + part for part in str(message).split("\n") if part.strip()]
+        if not lines:
+            return  # a blank line would crash parse_log.py
         text = "\n".join(lines) + "\n"
         with self._lock:
             self.stream.write(text)

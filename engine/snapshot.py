@@ -23,6 +23,11 @@ def atomic_write(path, write):
     tmp = os.path.join(directory, f".{os.path.basename(path)}.tmp{os.getpid()}")
     try:
         write(tmp)
+        fd = os.open(tmp, os.O_RDONLY)
+        try:
+            os.fsync(fd)  # the data is on disk before the name points at it
+        finally:
+            os.close(fd)
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):

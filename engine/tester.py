@@ -4,6 +4,7 @@ import time
 import numpy
 
 from engine import backend
+from engine.errors import CaffeError
 from engine.glog import fmt
 from engine.net import Net
 
@@ -19,16 +20,19 @@ def run_test(model, weights, iterations, world, log):
     Means are averaged over all ranks (each rank scores its own share of the data).
     Returns {output name: mean} and the mean loss.
     """
+    if iterations < 1:
+        raise CaffeError(f"--iterations must be >= 1, got {iterations}")
     net = Net(model, phase="TEST", weights=weights, rank=world.rank, world=world.size)
-    names, sums, loss_sum = [], None, 0.0
+    names, blob_of, sums, loss_sum = [], [], None, 0.0
     for i in range(iterations):
         outputs = net.forward()
         loss_sum += net.loss
-        flat, names = [], []
+        flat, names, blob_of = [], [], []
         for name, data in outputs.items():
             vals = backend.to_numpy(data).astype(numpy.float64).reshape(-1)
             for k, v in enumerate(vals):
                 names.append(name if vals.size == 1 else f"{name}[{k}]")
+                blob_of.append(name)
                 log(f"Batch {i}, {names[-1]} = {fmt(v)}")
             flat.append(vals)
         flat = numpy.concatenate(flat) if flat else numpy.zeros(0)
@@ -39,8 +43,8 @@ def run_test(model, weights, iterations, world, log):
         world.comm.Allreduce(MPI.IN_PLACE, means, op=MPI.SUM)
         means /= world.size
     log(f"Loss: {fmt(means[-1])}")
-    for name, v in zip(names, means[:-1]):
-        w = net.blob_loss_weights.get(name, 0.0)
+    for name, blob, v in zip(names, blob_of, means[:-1]):
+        w = net.blob_loss_weights.get(blob, 0.0)
         suffix = f" (* {fmt(w)} = {fmt(w * v)} loss)" if w else ""
         log(f"{name} = {fmt(v)}{suffix}")
     return dict(zip(names, means[:-1].tolist())), float(means[-1])
@@ -48,6 +52,8 @@ def run_test(model, weights, iterations, world, log):
 
 def run_time(model, iterations, log, phase="TRAIN"):
     """Average per-layer forward and backward milliseconds over ``iterations`` (Caffe's ``time``)."""
+    if iterations < 1:
+        raise CaffeError(f"--iterations must be >= 1, got {iterations}")
     net = Net(model, phase=phase)
     n = len(net.layers)
     fwd, bwd = numpy.zeros(n), numpy.zeros(n)
@@ -61,7 +67,7 @@ def run_time(model, iterations, log, phase="TRAIN"):
     total_f = total_b = 0.0
     t_all = time.perf_counter()
     for j in range(iterations):
-        t_iter = time.perf_counter()
+        t_start = t_iter = time.perf_counter()
         for i, layer in enumerate(net.layers):
             t = time.perf_counter()
             layer.reshape(net.bottom_vecs[i], net.top_vecs[i])
@@ -77,7 +83,7 @@ def run_time(model, iterations, log, phase="TRAIN"):
             _sync()
             bwd[i] += time.perf_counter() - t
         total_b += time.perf_counter() - t_iter
-        log(f"Iteration: {j + 1} forward-backward time: {fmt((total_f + total_b) * 1000 / (j + 1))} ms.")
+        log(f"Iteration: {j + 1} forward-backward time: {fmt((time.perf_counter() - t_start) * 1000)} ms.")
     log("Average time per layer: ")
     for i, layer in enumerate(net.layers):
         log(f"{layer.name:>10s}\tforward: {fmt(fwd[i] * 1000 / iterations)} ms.")

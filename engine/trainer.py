@@ -5,6 +5,7 @@ Order per iteration (as Caffe): clear diffs → test if due → forward/backward
 ApplyUpdate → snapshot if due. Only rank 0 logs and writes snapshots; test results are averaged
 over all ranks (each rank tests its own share of the test data).
 """
+import math
 import os
 import time
 
@@ -90,15 +91,17 @@ class Trainer:
         p = self.param
         sources = [p.test_net_param[i] for i in range(len(p.test_net_param))]
         sources += [resolve_path(t, self.solver_path) for t in p.test_net]
-        if not sources and (p.has("net") or p.has("net_param")) and p.test_iter:
-            # Caffe: one generic TEST instance of the train net per test_state (at least one).
-            generic = max(1, len(p.test_state))
-            sources = [self._net_source("net" if p.has("net") else "net_param")] * generic
-        if len(sources) != len(p.test_iter):
+        generic = p.has("net") or p.has("net_param")
+        if len(p.test_iter) < len(sources) or (not generic and len(p.test_iter) != len(sources)):
             raise SolverError(f"{p.location('test_iter')}: {len(p.test_iter)} test_iter value(s) "
                               f"for {len(sources)} test net(s); give one test_iter per test net")
-        if p.test_interval > 0 and not sources:
-            raise SolverError(f"{p.location('test_interval')}: test_interval is set but there is no test net")
+        if generic:
+            # Caffe: the remaining test_iter values are TEST instances of the train net.
+            extra = len(p.test_iter) - len(sources)
+            sources += [self._net_source("net" if p.has("net") else "net_param")] * extra
+        if p.test_state and len(p.test_state) != len(sources):
+            raise SolverError(f"{p.location('test_state')}: {len(p.test_state)} test_state(s) for "
+                              f"{len(sources)} test net(s); give none or one per test net")
         nets = []
         for i, src in enumerate(sources):
             st = p.test_state[i] if i < len(p.test_state) else None
@@ -141,8 +144,8 @@ class Trainer:
             self.snapshot()
         if p.display and self.iter % p.display == 0:
             self.net.forward()
-            loss = self._weighted_loss(self.net)
-            self.log(f"Iteration {self.iter}, loss = {fmt(loss)}")
+            self._update_smoothed_loss(self._weighted_loss(self.net), self.iter)
+            self.log(f"Iteration {self.iter}, loss = {fmt(self.smoothed_loss)}")
         if p.test_interval and self.iter % p.test_interval == 0:
             self.test_all()
         self.log("Optimization Done.")
@@ -180,7 +183,7 @@ class Trainer:
             if self.exchange is not None:
                 self.exchange.exchange_all()  # async: waits for the thread that ran during backward
             wait = time.perf_counter() - t_wait
-            if self._gradients_finite():
+            if self._gradients_finite(loss):
                 self.solver.apply_update()
             if self.timing is not None:
                 self.timing.end_iteration(self.iter - 1, time.perf_counter() - t0, wait)
@@ -208,6 +211,8 @@ class Trainer:
                              f"differ between ranks")
 
     def _update_smoothed_loss(self, loss, start_iter):
+        if not math.isfinite(loss):
+            return  # a skipped NaN iteration must not poison every later display
         n = self.param.average_loss
         if len(self.losses) < n:
             self.losses.append(loss)
@@ -218,10 +223,18 @@ class Trainer:
             self.smoothed_loss += (loss - self.losses[idx]) / n
             self.losses[idx] = loss
 
-    def _gradients_finite(self):
-        """NaN/Inf guard. After the exchange all ranks hold identical diffs, so all decide alike."""
-        ok = all(bool(backend.get_array_module(a).isfinite(a).all())
-                 for a in self._flat_arrays(self.net.flat_diff))
+    def _gradients_finite(self, loss):
+        """NaN/Inf guard on the loss and the (exchanged) gradients, agreed by all ranks.
+
+        The loss is checked too because fp8 saturates an infinite gradient to ±57344, so an Inf
+        on one rank would otherwise pass unseen. One tiny MAX-allreduce per iteration, made
+        after the exchange, when no other thread is in MPI.
+        """
+        ok = math.isfinite(loss) and all(bool(backend.get_array_module(a).isfinite(a).all())
+                                         for a in self._flat_arrays(self.net.flat_diff))
+        if self.world.size > 1:
+            from mpi4py import MPI
+            ok = not self.world.comm.allreduce(int(not ok), op=MPI.MAX)
         if ok:
             return True
         policy = self.param.comm.nonfinite
@@ -292,22 +305,43 @@ class Trainer:
         """Rank 0 writes model and solver state (HDF5, atomically). Collective: all ranks call it."""
         self.last_snapshot_iter = self.iter
         extra = self._extra_state()
-        if self.world.rank != 0:
-            return None
         base = f"{self.snapshot_prefix()}_iter_{self.iter}"
         model, state = base + ".caffemodel.h5", base + ".solverstate.h5"
-        self.log(f"Snapshotting to HDF5 file {model}")
-        atomic_write(model, lambda tmp: self.net.to_hdf5(tmp, write_diff=self.param.snapshot_diff))
-        self.log(f"Snapshotting solver state to HDF5 file {state}")
-        save_solverstate(state, self.solver.state(), model, extra=extra)
+        failure = None
+        if self.world.rank == 0:
+            try:
+                self.log(f"Snapshotting to HDF5 file {model}")
+                atomic_write(model, lambda tmp: self.net.to_hdf5(tmp, write_diff=self.param.snapshot_diff))
+                self.log(f"Snapshotting solver state to HDF5 file {state}")
+                save_solverstate(state, self.solver.state(), model, extra=extra)
+            except (OSError, CaffeError) as e:
+                failure = f"snapshot {base}: {e}"
+        if self.world.size > 1:
+            # Every rank waits until rank 0 has written (or failed): nobody aborts the job
+            # while the files are half written, and a failure is reported on every rank.
+            failure = self.world.comm.bcast(failure, root=0)
+        if failure:
+            raise CaffeError(failure)
         return model, state
 
     def _extra_state(self):
         """Per-rank state Caffe does not save but an exact resume needs, gathered on rank 0."""
         local = {"rng": backend.rng_state(),
-                 "layers": {l.name: l.get_state() for l in self.net.layers if hasattr(l, "get_state")}}
+                 "layers": self._layer_states(self.net),
+                 "test_layers": [self._layer_states(net) for net in self.test_nets],
+                 "exchange": self.exchange.state() if self.exchange is not None else None}
         ranks = self.world.comm.gather(local, root=0) if self.world.size > 1 else [local]
         return {"world": self.world.size, "ranks": ranks}
+
+    @staticmethod
+    def _layer_states(net):
+        return {l.name: l.get_state() for l in net.layers if hasattr(l, "get_state")}
+
+    @staticmethod
+    def _set_layer_states(net, states):
+        for layer in net.layers:
+            if hasattr(layer, "set_state") and layer.name in states:
+                layer.set_state(states[layer.name])
 
     def restore(self, path):
         """Resume from a solverstate (its learned_net is loaded too), Caffe's Solver::Restore."""
@@ -325,9 +359,11 @@ class Trainer:
         if extra.get("world") == self.world.size and self.world.rank < len(ranks):
             mine = ranks[self.world.rank]
             backend.set_rng_state(mine["rng"])
-            for layer in self.net.layers:
-                if hasattr(layer, "set_state") and layer.name in mine["layers"]:
-                    layer.set_state(mine["layers"][layer.name])
+            self._set_layer_states(self.net, mine["layers"])
+            for net, states in zip(self.test_nets, mine.get("test_layers", [])):
+                self._set_layer_states(net, states)
+            if self.exchange is not None and mine.get("exchange"):
+                self.exchange.restore(mine["exchange"])
         elif ranks:
             self.log(f"{path}: written by {extra.get('world')} process(es), resumed by "
                      f"{self.world.size}: random and data state restart, weights and history are exact")

@@ -112,3 +112,46 @@ def test_gru_small_trains_with_fp8(tmp_path):
     losses = [float(x) for x in re.findall(r"Iteration \d+ \([^)]*\), loss = ([\d.e+-]+)", r.stdout)]
     assert len(losses) == 5 and losses[-1] < 0.3 * losses[0], losses
     assert len(re.findall(r"bit-identical on all 2 ranks", r.stdout)) == 2
+
+
+def test_resume_under_mpi_with_fp8_is_bit_identical(in_digits_cwd, tmp_path):
+    """fp8 state (exchange iteration for the warm-up, every tensor's q) and the test nets' data
+    positions travel in the snapshot: a resumed 2-rank run ends exactly like an uninterrupted one."""
+    comm = dict(consistency_check_interval=0, warmup_fp32_iters=5, quantile_interval=7)
+    common = dict(max_iter=30, display=10, test_interval=10, test_iter=[1])
+    full = write_solver(tmp_path / "a", snapshot=15, comm=comm, **common)
+    r = run_train(2, full, in_digits_cwd)
+    assert r.returncode == 0, r.stdout[-3000:]
+    resumed = write_solver(tmp_path / "b", snapshot=0, comm=comm, **common)
+    r2 = run_train(2, resumed, in_digits_cwd, "--snapshot",
+                   str(tmp_path / "a" / "snap" / "digits_iter_15.solverstate.h5"))
+    assert r2.returncode == 0, r2.stdout[-3000:]
+    a = _weights(tmp_path / "a" / "snap" / "digits_iter_30.caffemodel.h5")
+    b = _weights(tmp_path / "b" / "snap" / "digits_iter_30.caffemodel.h5")
+    assert a.keys() == b.keys() and a
+    for k in a:
+        assert numpy.array_equal(a[k], b[k]), k
+    tests = lambda out: re.findall(r"Iteration (\d+), Testing.*?\n.*?accuracy = ([\d.e+-]+)", out)  # noqa: E731
+    assert [t for t in tests(r.stdout) if int(t[0]) > 15] == tests(r2.stdout)[-2:]
+
+
+def test_nonfinite_stop_under_mpi_writes_the_snapshot(in_digits_cwd, tmp_path):
+    solver = write_solver(tmp_path, max_iter=10, base_lr=1e30, momentum=0.0, lr_policy="fixed",
+                          display=0, test_interval=0, test_iter=[], snapshot=0,
+                          comm=dict(warmup_fp32_iters=0))
+    r = run_train(2, solver, in_digits_cwd, timeout=120)
+    assert r.returncode != 0 and "non-finite" in r.stdout
+    files = sorted(p.name for p in (tmp_path / "snap").iterdir())
+    assert any(f.endswith(".caffemodel.h5") for f in files), files
+    assert any(f.endswith(".solverstate.h5") for f in files), files
+    assert not any(".tmp" in f for f in files), files
+
+
+def test_local_rank_counts_processes_of_the_node():
+    code = ("import os; from comm.mpi import get_world; w = get_world(); "
+            "os.write(1, f'LR {w.rank} {w.local_rank}\\n'.encode())")
+    env = dict(os.environ, PYTHONPATH=REPO)
+    r = subprocess.run([_mpiexec(), "-n", "3", sys.executable, "-c", code], env=env, text=True,
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=120)
+    pairs = sorted((int(a), int(b)) for a, b in re.findall(r"LR (\d+) (\d+)", r.stdout))
+    assert pairs == [(0, 0), (1, 1), (2, 2)], r.stdout

@@ -10,7 +10,7 @@ import pytest
 
 from engine.errors import CaffeError, SolverError
 from engine.glog import GLog
-from engine.prototxt import parse_file, to_text
+from engine.prototxt import parse_file, parse_text, to_text
 from engine.trainer import Trainer
 from tests.engine.trainer_util import DIGITS_NET, write_solver
 
@@ -141,7 +141,8 @@ def test_log_parses_with_caffe_parse_log_rules(in_digits_cwd, tmp_path):
     (dict(type="Adamm"), ["type", "Adamm", "Adam", "Nesterov"]),
     (dict(lr_policy="stepp"), ["lr_policy", "stepp", "multistep"]),
     (dict(iter_size=0), ["iter_size", ">= 1"]),
-    (dict(test_iter=[1, 2]), ["test_iter", "2 test_iter"]),
+    (dict(test_iter=[1, 2], test_state=[parse_text("stage: 'a'", "s", "NetState")]),
+     ["test_state", "2 test net"]),
 ])
 def test_bad_solver_values_name_the_field(in_digits_cwd, tmp_path, fields, words):
     with pytest.raises(SolverError) as e:
