@@ -61,17 +61,41 @@ def _host_float32(x):
     return numpy.ascontiguousarray(backend.to_numpy(x).ravel(), dtype=numpy.float32)
 
 
-def _write_back(out, values):
-    """Copy host ``values`` (flat) into ``out`` (numpy or cupy, any shape) in place."""
-    out[...] = backend.to_device(values.reshape(out.shape), like=out)
-
-
 class Codec:
     """Base: ``wire`` names the comm.ops wire format; ``preferred_algorithm`` the default
     transport when the solver does not name one (None: decided by ``comm.hierarchical``)."""
     wire_name = None
     preferred_algorithm = None
-    quantile_seconds = 0.0  # running total of time spent estimating scales (timing log)
+    # Running totals for the timing log: scale estimation and device<->host copies (the copies
+    # are synchronous, so they include waiting for the kernels that produce their data).
+    quantile_seconds = 0.0
+    d2h_seconds = 0.0
+    h2d_seconds = 0.0
+
+    def to_host(self, x, out=None):
+        """``x`` (numpy or cupy) as a flat host array (into ``out`` when given); times the copy."""
+        if isinstance(x, numpy.ndarray):
+            flat = x.ravel()
+            if out is None:
+                return flat
+            out[...] = flat
+            return out
+        t = time.perf_counter()
+        if out is None:
+            out = backend.to_numpy(x).ravel()
+        else:
+            x.ravel().get(out=out)
+        self.d2h_seconds += time.perf_counter() - t
+        return out
+
+    def write_back(self, out, values):
+        """Copy host ``values`` (flat) into ``out`` (numpy or cupy, any shape) in place."""
+        if isinstance(out, numpy.ndarray):
+            out[...] = values.reshape(out.shape)
+            return
+        t = time.perf_counter()
+        out[...] = backend.to_device(values.reshape(out.shape), like=out)
+        self.h2d_seconds += time.perf_counter() - t
 
     @property
     def wire(self):
@@ -108,12 +132,12 @@ class Float32Codec(Codec):
 
     def compress(self, grad, plan):
         wire = self.wire_buffer(plan, grad.size)
-        wire[:grad.size] = backend.to_numpy(grad).ravel()
+        self.to_host(grad, wire[:grad.size])
         return wire, (grad.size, plan.processes)
 
     def decompress(self, wire, ctx, out):
         n, p = ctx
-        _write_back(out, wire[:n] / numpy.float32(p))
+        self.write_back(out, wire[:n] / numpy.float32(p))
 
 
 @register_codec("fp16")
@@ -127,12 +151,12 @@ class HalfCodec(Codec):
 
     def compress(self, grad, plan):
         wire = self.wire_buffer(plan, grad.size)
-        host = _host_float32(grad) / numpy.float32(plan.processes)
+        host = self.to_host(grad).astype(numpy.float32, copy=False) / numpy.float32(plan.processes)
         wire[:grad.size] = host.astype(numpy.float16).view(numpy.uint16)
         return wire, grad.size
 
     def decompress(self, wire, ctx, out):
-        _write_back(out, wire[:ctx].view(numpy.float16).astype(numpy.float32))
+        self.write_back(out, wire[:ctx].view(numpy.float16).astype(numpy.float32))
 
 
 @dataclass
@@ -195,7 +219,7 @@ class Fp8Codec(Codec):
             from comm import fp8
             codes = fp8.encode_ratio(grad, plan.weight, self.epsilon, scale, self.rounding) \
                 if self.relative else fp8.encode(grad * xp.float32(scale), self.rounding)
-            codes.ravel().get(out=wire[:grad.size])
+            self.to_host(codes, wire[:grad.size])
         return wire, _Fp8Context(grad.size, q, plan.stages[1], plan.weight)
 
     def between_stages(self, piece, ctx):
@@ -210,7 +234,9 @@ class Fp8Codec(Codec):
         xp = backend.get_array_module(out)
         if xp is not numpy:
             from comm import fp8
+            t = time.perf_counter()
             codes = xp.asarray(wire[:ctx.n]).reshape(out.shape)
+            self.h2d_seconds += time.perf_counter() - t
             out[...] = fp8.decode_ratio(codes, ctx.weight, self.epsilon, inv_scale) \
                 if self.relative else fp8.decode(codes) * xp.float32(inv_scale)
             return
@@ -218,4 +244,4 @@ class Fp8Codec(Codec):
         if self.relative:
             w = _host_float32(ctx.weight)
             d *= numpy.abs(w) + numpy.float32(self.epsilon)
-        _write_back(out, d)
+        self.write_back(out, d)

@@ -87,8 +87,8 @@ class GradientExchange:
     def exchange_tensor(self, sl, timings=None):
         """Replace ``flat_diff[sl]`` by its mean over all processes (no-op on one process).
 
-        ``timings``: a dict that receives seconds of "encode" (incl. the device-to-host copy on
-        a GPU), "quantile", "comm" and "decode" (incl. host-to-device), added to what it holds.
+        ``timings``: a dict that receives seconds of "encode", "quantile", "d2h" (device-to-host
+        copy, GPU only), "comm", "decode" and "h2d", added to what it holds.
         """
         if self.world.size == 1 or sl.stop <= sl.start:
             return
@@ -103,16 +103,17 @@ class GradientExchange:
         plan = TensorPlan(stages=algo.stages, parts=algo.parts, comm=self.world.comm,
                           key=(sl.start, sl.stop), weight=_single_buffer(self.net.flat_data)[sl],
                           iteration=self.iteration)
-        q0 = codec.quantile_seconds
+        q0, d0, h0 = codec.quantile_seconds, codec.d2h_seconds, codec.h2d_seconds
         wire, ctx = codec.compress(grad, plan)
         t1 = time.perf_counter()
         between = partial(codec.between_stages, ctx=ctx) if codec.between_stages else None
         algo.sum(wire, codec.wire, between)
         t2 = time.perf_counter()
         codec.decompress(wire, ctx, grad)
-        quantile = codec.quantile_seconds - q0
-        _add(timings, encode=t1 - t0 - quantile, quantile=quantile, comm=t2 - t1,
-             decode=time.perf_counter() - t2)
+        quantile, d2h, h2d = (codec.quantile_seconds - q0, codec.d2h_seconds - d0,
+                              codec.h2d_seconds - h0)
+        _add(timings, encode=t1 - t0 - quantile - d2h, quantile=quantile, d2h=d2h, comm=t2 - t1,
+             decode=time.perf_counter() - t2 - h2d, h2d=h2d)
 
     def exchange_layer(self, layer_index, layer=None):
         """Exchange every learnable tensor of one layer (signature of Net.add_backward_hook)."""

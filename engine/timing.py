@@ -95,8 +95,9 @@ class TimingLog:
                  "Communication": total["comm"] + total["encode"] + total["decode"],
                  "H2D": total["h2d"], "Quantile": quantile}
         if getattr(self.exchange, "asynchronous", False):
-            # Overlapped: only the time the compute thread waited after backward is exposed.
-            split["Communication"] = wait_seconds
+            # Overlapped: only the time the compute thread waited after backward is exposed; the
+            # thread's copies are part of that wait (per-layer records keep their own times).
+            split.update(Communication=wait_seconds, D2H=0.0, H2D=0.0)
         # Other is what the measured parts leave of the wall time; the quantile pass counts with
         # the time it took in *this* iteration (its amortised share is what the split reports),
         # so the split's mean over N iterations adds up to the mean wall time.

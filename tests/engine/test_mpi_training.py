@@ -65,6 +65,8 @@ def test_async_and_sync_fp8_hierarchical_are_bit_identical_on_4_ranks(in_digits_
     dict(codec="aps", aps_format="E4M3", kahan=True),
     dict(codec="dettmers", dettmers_type="dynamic_tree"),
     dict(codec="strom", strom_tau=0.002),
+    dict(algorithm="ring", hierarchical=False),
+    dict(codec="fp16", algorithm="ring"),
 ])
 def test_exchange_variants_train_and_stay_identical(in_digits_cwd, tmp_path, comm):
     r = run_train(2, _solver(tmp_path, **comm), in_digits_cwd)
