@@ -85,6 +85,7 @@ def cmd_train(args):
     trainer = Trainer(args.solver, world=world, log=log, exchange_factory=factory, timing=timing)
     if timing is not None:
         timing.attach(trainer)
+    _install_signal_handlers(trainer, log)
     log("Starting Optimization")
     progress = _progress_bar(world, trainer)
     try:
@@ -99,6 +100,24 @@ def cmd_train(args):
     log("Optimization Done.")
     log.close()
     return 0
+
+
+def _install_signal_handlers(trainer, log):
+    """Caffe's defaults: SIGINT stops after the current iteration (with a snapshot), SIGHUP
+    snapshots and goes on. The ranks agree on a request before acting, so mpiexec forwarding
+    the signal to some ranks earlier than others is fine. A second SIGINT stops at once."""
+    import signal
+    interrupts = []
+
+    def on_interrupt(signum, frame):
+        interrupts.append(signum)
+        if len(interrupts) > 1:
+            raise KeyboardInterrupt
+        trainer.request("stop")
+
+    signal.signal(signal.SIGINT, on_interrupt)
+    if hasattr(signal, "SIGHUP"):
+        signal.signal(signal.SIGHUP, lambda signum, frame: trainer.request("snapshot"))
 
 
 def make_exchange(world, comm_param, net):

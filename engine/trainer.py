@@ -20,6 +20,10 @@ from engine.snapshot import atomic_write, load_solverstate, save_solverstate
 from solvers import create_solver
 
 
+_NONFINITE, _STOP, _SNAPSHOT = 1, 2, 4
+_REQUEST_BITS = {"stop": _STOP, "snapshot": _SNAPSHOT}
+
+
 class SingleProcessWorld:
     """The world of a run without MPI: rank 0 of 1."""
     rank, size, comm = 0, 1, None
@@ -53,6 +57,8 @@ class Trainer:
         self.losses = []
         self.smoothed_loss = 0.0
         self.last_snapshot_iter = None
+        self._requests = 0
+        self.stopped_early = False
         self._broadcast_weights()
 
     # --- setup -----------------------------------------------------------------------------------
@@ -140,6 +146,11 @@ class Trainer:
         if resume_file:
             self.restore(resume_file)
         self.step(p.max_iter - self.iter, progress)
+        if self.stopped_early:
+            if p.snapshot_after_train and self.last_snapshot_iter != self.iter:
+                self.snapshot()
+            self.log("Optimization stopped early.")
+            return
         if p.snapshot_after_train and (not p.snapshot or self.iter % p.snapshot != 0):
             self.snapshot()
         if p.display and self.iter % p.display == 0:
@@ -183,15 +194,19 @@ class Trainer:
             if self.exchange is not None:
                 self.exchange.exchange_all()  # async: waits for the thread that ran during backward
             wait = time.perf_counter() - t_wait
-            if self._gradients_finite(loss):
+            flags = self._agreed_flags(loss)
+            if self._gradients_finite(flags):
                 self.solver.apply_update()
             if self.timing is not None:
                 self.timing.end_iteration(self.iter - 1, time.perf_counter() - t0, wait)
             if progress is not None:
                 progress.update(1)
             self._consistency_check()
-            if p.snapshot and self.iter % p.snapshot == 0:
+            if (p.snapshot and self.iter % p.snapshot == 0) or flags & _SNAPSHOT:
                 self.snapshot()
+            if flags & _STOP:
+                self.stopped_early = True
+                break
 
     def _forward_backward(self, last_pass):
         if self.exchange is not None:
@@ -223,19 +238,29 @@ class Trainer:
             self.smoothed_loss += (loss - self.losses[idx]) / n
             self.losses[idx] = loss
 
-    def _gradients_finite(self, loss):
-        """NaN/Inf guard on the loss and the (exchanged) gradients, agreed by all ranks.
+    def request(self, action):
+        """Ask the loop to "stop" (snapshot, then end, as Caffe's SIGINT) or "snapshot" (SIGHUP)
+        after the current iteration; safe to call from a signal handler."""
+        self._requests |= _REQUEST_BITS[action]
+
+    def _agreed_flags(self, loss):
+        """This iteration's NaN/Inf verdict and pending requests, OR-ed over all ranks.
 
         The loss is checked too because fp8 saturates an infinite gradient to ±57344, so an Inf
-        on one rank would otherwise pass unseen. One tiny MAX-allreduce per iteration, made
-        after the exchange, when no other thread is in MPI.
+        on one rank would otherwise pass unseen. One tiny allreduce per iteration, made after
+        the exchange, when no other thread is in MPI; every rank then acts alike.
         """
-        ok = math.isfinite(loss) and all(bool(backend.get_array_module(a).isfinite(a).all())
-                                         for a in self._flat_arrays(self.net.flat_diff))
+        finite = math.isfinite(loss) and all(bool(backend.get_array_module(a).isfinite(a).all())
+                                             for a in self._flat_arrays(self.net.flat_diff))
+        flags, self._requests = self._requests | (0 if finite else _NONFINITE), 0
         if self.world.size > 1:
             from mpi4py import MPI
-            ok = not self.world.comm.allreduce(int(not ok), op=MPI.MAX)
-        if ok:
+            flags = self.world.comm.allreduce(flags, op=MPI.BOR)
+        return flags
+
+    def _gradients_finite(self, flags):
+        """NaN/Inf policy: True to update; skip, or snapshot and stop (comm.nonfinite)."""
+        if not flags & _NONFINITE:
             return True
         policy = self.param.comm.nonfinite
         if policy == "skip":

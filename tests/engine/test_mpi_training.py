@@ -157,3 +157,32 @@ def test_local_rank_counts_processes_of_the_node():
                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=120)
     pairs = sorted((int(a), int(b)) for a, b in re.findall(r"LR (\d+) (\d+)", r.stdout))
     assert pairs == [(0, 0), (1, 1), (2, 2)], r.stdout
+
+
+@pytest.mark.parametrize("ranks", [1, 2])
+def test_sigint_stops_after_the_iteration_with_a_snapshot(in_digits_cwd, tmp_path, ranks):
+    """Caffe's SIGINT effect: finish the iteration, snapshot, log 'Optimization stopped early.'"""
+    import signal
+    import time
+    solver = write_solver(tmp_path, max_iter=100000, display=10, test_interval=0, test_iter=[],
+                          snapshot=0)
+    env = dict(os.environ, PYTHONPATH=REPO)
+    cmd = [sys.executable, "-m", "engine.cli", "train", "--solver", solver]
+    if ranks > 1:
+        cmd = [_mpiexec(), "-n", str(ranks)] + cmd
+    proc = subprocess.Popen(cmd, cwd=in_digits_cwd, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    lines = []
+    for line in proc.stdout:  # wait until training runs
+        lines.append(line)
+        if "Iteration 20 (" in line:
+            break
+    proc.send_signal(signal.SIGINT)
+    t = time.monotonic()
+    out, _ = proc.communicate(timeout=60)
+    assert time.monotonic() - t < 60
+    text = "".join(lines) + out
+    assert proc.returncode == 0, text[-3000:]
+    assert "Optimization stopped early." in text
+    snaps = list((tmp_path / "snap").glob("digits_iter_*.caffemodel.h5"))
+    assert len(snaps) == 1 and int(snaps[0].name.split("_")[-1].split(".")[0]) >= 20
