@@ -186,3 +186,18 @@ def test_sigint_stops_after_the_iteration_with_a_snapshot(in_digits_cwd, tmp_pat
     assert "Optimization stopped early." in text
     snaps = list((tmp_path / "snap").glob("digits_iter_*.caffemodel.h5"))
     assert len(snaps) == 1 and int(snaps[0].name.split("_")[-1].split(".")[0]) >= 20
+
+
+def test_async_equals_sync_with_iter_size_2(in_digits_cwd, tmp_path):
+    """With iter_size 2 only the second pass is exchanged, by the thread or after backward alike."""
+    runs = {}
+    for mode in (True, False):
+        folder = tmp_path / f"m{mode}"
+        solver = write_solver(folder, max_iter=12, display=0, test_interval=0, test_iter=[],
+                              snapshot=0, iter_size=2,
+                              comm={"async": mode, "warmup_fp32_iters": 0, "quantile_interval": 5})
+        r = run_train(2, solver, in_digits_cwd)
+        assert r.returncode == 0, r.stdout[-3000:]
+        runs[mode] = _weights(folder / "snap" / "digits_iter_12.caffemodel.h5")
+    for k in runs[True]:
+        assert numpy.array_equal(runs[True][k], runs[False][k]), k
