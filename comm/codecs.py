@@ -173,8 +173,9 @@ class Fp8Codec(Codec):
     x q / 57344 after; D = grad / (|W| + eps) when ``relative`` else grad.
 
     Conversions are comm.kernels' ``encode_fp8``/``decode_fp8`` (float32 multiply by the scale,
-    then fp8 with ``rounding`` "nearest" | "truncate", saturating: never Inf). q comes from a
-    :class:`QuantileTracker`.
+    then fp8 with ``rounding`` "nearest" | "truncate", saturating: never Inf); with ``relative``
+    on the host, ``encode_ratio_fp8``/``decode_ratio_fp8`` do the ratio in the same pass (SPEC §4),
+    with the bits of the NumPy float32 sequence. q comes from a :class:`QuantileTracker`.
     """
     wire_name = "fp8"
 
@@ -211,8 +212,14 @@ class Fp8Codec(Codec):
         wire = self.wire_buffer(plan, grad.size)
         xp = backend.get_array_module(grad)
         if xp is numpy:
-            kernels.encode_fp8(_host_float32(self.ratio(grad, plan.weight)), wire[:grad.size],
-                               scale, self.rounding)
+            weight = _fused_weight(self.relative, grad, plan.weight)
+            if weight is not None:
+                # SPEC §4 on the host: ratio, scale and fp8 in one pass, no float32 temporaries
+                kernels.encode_ratio_fp8(_host_float32(grad), weight, self._eps32, scale,
+                                         wire[:grad.size], self.rounding)
+            else:
+                kernels.encode_fp8(_host_float32(self.ratio(grad, plan.weight)),
+                                   wire[:grad.size], scale, self.rounding)
         else:
             # SPEC §4: ratio, scale and fp8 in one fused kernel on the device; only the bytes
             # cross to (pinned) host memory.
@@ -240,8 +247,36 @@ class Fp8Codec(Codec):
             out[...] = fp8.decode_ratio(codes, ctx.weight, self.epsilon, inv_scale) \
                 if self.relative else fp8.decode(codes) * xp.float32(inv_scale)
             return
+        weight = _fused_weight(self.relative, out, ctx.weight)
+        if weight is not None:
+            # (decode * inv_scale) * (|W| + eps) in one pass, straight into ``out`` when it is a
+            # plain float32 array (write_back would copy the same values there)
+            if out.dtype == numpy.float32 and out.flags.c_contiguous \
+                    and not numpy.may_share_memory(out, weight):
+                kernels.decode_ratio_fp8(wire[:ctx.n], weight, self._eps32, inv_scale,
+                                         out.reshape(-1))
+            else:
+                self.write_back(out, kernels.decode_ratio_fp8(
+                    wire[:ctx.n], weight, self._eps32, inv_scale,
+                    numpy.empty(ctx.n, numpy.float32)))
+            return
         d = kernels.decode_fp8(wire[:ctx.n], numpy.empty(ctx.n, numpy.float32), inv_scale)
         if self.relative:
             w = _host_float32(ctx.weight)
             d *= numpy.abs(w) + numpy.float32(self.epsilon)
         self.write_back(out, d)
+
+    @property
+    def _eps32(self):
+        return float(numpy.float32(self.epsilon))
+
+
+def _fused_weight(relative, x, weight):
+    """W as a flat float32 host array when the fused ratio kernels give exactly the bits of the
+    NumPy sequence for ``x`` (a float32 host array with W of the same size and dtype), else None
+    (then the codec takes the NumPy ratio + conversion kernel route)."""
+    if not (relative and isinstance(x, numpy.ndarray) and isinstance(weight, numpy.ndarray)):
+        return None
+    if x.dtype != numpy.float32 or weight.dtype != numpy.float32 or weight.size != x.size:
+        return None
+    return _host_float32(weight)

@@ -20,6 +20,10 @@ OS, via XGETBV) supports it and it agrees with the portable C code on a load-tim
 All arrays are NumPy, C-contiguous; fp8 arrays are uint8 (any 1-byte dtype), half arrays uint16 or
 float16. Sums work in place on ``dst``: ``dst[i] = saturate(src[i] + dst[i])``, rounding to
 nearest even (fp8 saturates to ±57344, half to ±65504; finite inputs never give Inf/NaN).
+
+The ratio kernels (``encode_ratio_fp8`` / ``decode_ratio_fp8``) fuse the fp8 codec's relative
+scaling with the conversion (SPEC §4: one pass each way, no float32 temporaries): each step is a
+float32 operation in NumPy's order, so their bits equal the NumPy sequence they replace.
 """
 import ctypes
 import glob
@@ -35,9 +39,10 @@ import numpy
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _SOURCE = os.path.join(_HERE, "csrc", "kernels.c")
-_ABI_VERSION = 1                       # must equal C8_ABI_VERSION in kernels.c
+_ABI_VERSION = 2                       # must equal C8_ABI_VERSION in kernels.c
 _PATH_BITS = (("avx512", 4), ("avx2", 2), ("portable", 1))
-_CFLAGS = ["-O3", "-std=c99", "-fno-trapping-math", "-fPIC", "-shared"]  # as in setup.py
+_CFLAGS = ["-O3", "-std=c99", "-fno-trapping-math", "-ffp-contract=off", "-fPIC",
+           "-shared"]                                                  # as in setup.py
 
 _lib = None
 _lib_file = None
@@ -158,6 +163,13 @@ def _declare(lib):
         dec = getattr(lib, f"c8_decode_{name}")
         dec.argtypes = [u8, f32, ctypes.c_size_t, ctypes.c_float]
         dec.restype = None
+        enc_r = getattr(lib, f"c8_encode_ratio_{name}")
+        enc_r.argtypes = [f32, f32, ctypes.c_float, ctypes.c_float, u8, ctypes.c_size_t,
+                          ctypes.c_int]
+        enc_r.restype = None
+        dec_r = getattr(lib, f"c8_decode_ratio_{name}")
+        dec_r.argtypes = [u8, f32, ctypes.c_float, ctypes.c_float, f32, ctypes.c_size_t]
+        dec_r.restype = None
     lib.c8_cpu_paths.restype = ctypes.c_int
 
 
@@ -198,16 +210,23 @@ def self_check(name):
     against = numpy.float16([0.0, 1.0, -65504.0, 3.0e-5]).view(numpy.uint16)
     half_pairs = (numpy.tile(halves, 4)[3:], numpy.repeat(against, 65536)[3:])
     x = halves.view(numpy.float16).astype(numpy.float32)[:-3]      # odd length
+    # ratios over every half value against weights from zero to huge (subnormal, zero, Inf and
+    # NaN quotients; outputs from fp8 subnormals to saturation), odd length, unaligned
+    with numpy.errstate(invalid="ignore"):                     # signalling NaNs in x
+        w = numpy.roll(x, 12_345) * numpy.float32(1e-3)
     cases = {
         "fp8_sum": lambda fn: _run_sum(fn, *pairs),
         "half_sum": lambda fn: _run_sum(fn, *half_pairs),
         "encode_nearest": lambda fn: _run_encode(fn, x, 0),
         "encode_truncate": lambda fn: _run_encode(fn, x, 1),
         "decode": lambda fn: _run_decode(fn, codes.repeat(3)[1:]),
+        "encode_ratio_nearest": lambda fn: _run_encode_ratio(fn, x[1:], w[1:], 0),
+        "encode_ratio_truncate": lambda fn: _run_encode_ratio(fn, x[1:], w[1:], 1),
+        "decode_ratio": lambda fn: _run_decode_ratio(fn, codes.repeat(3)[1:], w[1:768]),
     }
     failed = []
     for op, run in cases.items():
-        kind = op.split("_")[0] if op.startswith("encode") else op
+        kind = op.rsplit("_", 1)[0] if op.endswith(("_nearest", "_truncate")) else op
         mine = run(getattr(_lib, f"c8_{kind}_{name}"))
         ref = run(getattr(_lib, f"c8_{kind}_portable"))
         if not numpy.array_equal(_canonical_nan(mine), _canonical_nan(ref)):
@@ -244,6 +263,18 @@ def _run_encode(fn, x, truncate):
 def _run_decode(fn, b):
     out = numpy.empty(b.size, numpy.float32)
     fn(b.ctypes.data, out.ctypes.data, b.size, 0.75)
+    return out
+
+
+def _run_encode_ratio(fn, g, w, truncate):
+    out = numpy.empty(g.size, numpy.uint8)
+    fn(g.ctypes.data, w.ctypes.data, 1e-5, 0.75, out.ctypes.data, g.size, truncate)
+    return out
+
+
+def _run_decode_ratio(fn, b, w):
+    out = numpy.empty(b.size, numpy.float32)
+    fn(b.ctypes.data, w.ctypes.data, 1e-5, 0.75, out.ctypes.data, b.size)
     return out
 
 
@@ -394,6 +425,63 @@ def decode_fp8(b, out_f32, scale=1.0):
     else:
         _c_function("decode")(b.ctypes.data, out_f32.ctypes.data, b.size, float(scale))
     return out_f32
+
+
+def _check_float32(a, what, fn, writeable=False):
+    _check(a, 4, what, writeable)
+    if a.dtype != numpy.float32:
+        raise ValueError(f"comm.kernels.{fn}: {what} must be float32, got {a.dtype}")
+
+
+def encode_ratio_fp8(g, w, eps, scale, out, rounding="nearest"):
+    """``out = fp8(float32(float32(g / float32(|w| + eps)) * scale))``: the fp8 codec's relative
+    encode in one pass (float32 ``g``, ``w``; uint8 ``out``; all the same size). ``eps`` and
+    ``scale`` are used as float32; rounding and saturation as in :func:`encode_fp8`. Returns out.
+    """
+    if rounding not in ("nearest", "truncate"):
+        raise ValueError(f"comm.kernels.encode_ratio_fp8: rounding must be 'nearest' or "
+                         f"'truncate', got {rounding!r}")
+    _check_float32(g, "g", "encode_ratio_fp8")
+    _check_float32(w, "w", "encode_ratio_fp8")
+    _check(out, 1, "out", writeable=True)
+    if not g.size == w.size == out.size:
+        raise ValueError(f"comm.kernels.encode_ratio_fp8: g has {g.size} elements, w {w.size}, "
+                         f"out {out.size}")
+    if g.size == 0:
+        return out
+    if _current == "numpy":
+        from comm import fp8
+        with numpy.errstate(divide="ignore", over="ignore", invalid="ignore"):
+            d = g.reshape(-1) / (numpy.abs(w.reshape(-1)) + numpy.float32(eps))
+            d *= numpy.float32(scale)
+        out.reshape(-1).view(numpy.uint8)[:] = fp8.encode_numpy(d, rounding)
+    else:
+        _c_function("encode_ratio")(g.ctypes.data, w.ctypes.data, float(eps), float(scale),
+                                    out.ctypes.data, g.size, int(rounding == "truncate"))
+    return out
+
+
+def decode_ratio_fp8(b, w, eps, inv_scale, out):
+    """``out = float32(float32(fp8 value of b * inv_scale) * float32(|w| + eps))``: the fp8
+    codec's relative decode in one pass (uint8 ``b``; float32 ``w``, ``out``). Returns out."""
+    _check(b, 1, "b")
+    _check_float32(w, "w", "decode_ratio_fp8")
+    _check_float32(out, "out", "decode_ratio_fp8", writeable=True)
+    if not b.size == w.size == out.size:
+        raise ValueError(f"comm.kernels.decode_ratio_fp8: b has {b.size} elements, w {w.size}, "
+                         f"out {out.size}")
+    if b.size == 0:
+        return out
+    if _current == "numpy":
+        from comm import fp8
+        with numpy.errstate(over="ignore", invalid="ignore"):
+            v = fp8.decode_numpy(b.reshape(-1).view(numpy.uint8)) * numpy.float32(inv_scale)
+            v *= numpy.abs(w.reshape(-1)) + numpy.float32(eps)
+        out.reshape(-1)[:] = v
+    else:
+        _c_function("decode_ratio")(b.ctypes.data, w.ctypes.data, float(eps), float(inv_scale),
+                                    out.ctypes.data, b.size)
+    return out
 
 
 # --- NumPy fallback -----------------------------------------------------------------------------

@@ -4,7 +4,11 @@
 
 Each row is one operation on one path (single thread, best of --repeat runs, arrays of --n
 elements; rates from wall-clock and from thread CPU time): fp8 sum (dst = sat(src + dst), the
-MPI op), half sum, float32 -> fp8 encode (nearest and truncate), fp8 -> float32 decode. NumPy
+MPI op), half sum, float32 -> fp8 encode (nearest and truncate), fp8 -> float32 decode, and the fp8
+codec's relative conversions: ``encode_ratio_fused`` / ``decode_ratio_fused`` (one pass:
+comm.kernels.encode_ratio_fp8 / decode_ratio_fp8) against ``*_unfused``, the sequence the codec
+ran before (D = g / (|W| + eps) in NumPy, then the encode kernel; the decode kernel, then
+``*= |W| + eps`` in NumPy), with the fused/unfused speed-up printed per path. NumPy
 rows for comparison: float32 and float16 in-place add (what MPI_SUM / a NumPy half op would do
 per element) and ml_dtypes' float32 -> float8_e5m2 cast.
 """
@@ -47,12 +51,27 @@ def kernel_ops(n, rng):
     x = rng.standard_normal(n).astype(numpy.float32)
     out8 = numpy.empty(n, numpy.uint8)
     out32 = numpy.empty(n, numpy.float32)
+    w = (rng.standard_normal(n) * 0.05).astype(numpy.float32)
+    eps = numpy.float32(1e-5)
+
+    def encode_unfused():
+        kernels.encode_fp8(x / (numpy.abs(w) + eps), out8, scale=3.0)
+
+    def decode_unfused():
+        d = kernels.decode_fp8(codes, numpy.empty(n, numpy.float32), scale=0.5)
+        d *= numpy.abs(w) + eps
+        out32[:] = d
+
     return [
         ("fp8_sum", lambda: kernels.fp8_sum(codes, dst8)),
         ("half_sum", lambda: kernels.half_sum(halves, dst16)),
         ("encode_nearest", lambda: kernels.encode_fp8(x, out8, scale=3.0)),
         ("encode_truncate", lambda: kernels.encode_fp8(x, out8, scale=3.0, rounding="truncate")),
         ("decode", lambda: kernels.decode_fp8(codes, out32, scale=0.5)),
+        ("encode_ratio_fused", lambda: kernels.encode_ratio_fp8(x, w, eps, 3.0, out8)),
+        ("encode_ratio_unfused", encode_unfused),
+        ("decode_ratio_fused", lambda: kernels.decode_ratio_fp8(codes, w, eps, 0.5, out32)),
+        ("decode_ratio_unfused", decode_unfused),
     ]
 
 
@@ -96,9 +115,15 @@ def main(argv=None):
 
     print(f"# {platform.processor() or platform.machine()}, n = {args.n}, best of {args.repeat},"
           f" library {kernels.library_file()}")
-    print(f"{'path':<10} {'operation':<18} {'G elem/s wall':>14} {'G elem/s cpu':>13}")
+    print(f"{'path':<10} {'operation':<20} {'G elem/s wall':>14} {'G elem/s cpu':>13}")
     for path, op, wall, cpu in rows:
-        print(f"{path:<10} {op:<18} {wall:14.3f} {cpu:13.3f}")
+        print(f"{path:<10} {op:<20} {wall:14.3f} {cpu:13.3f}")
+    by = {(p, o): (r, c) for p, o, r, c in rows}
+    for path in kernels.paths():
+        for kind in ("encode_ratio", "decode_ratio"):
+            fused, unfused = by[(path, kind + "_fused")], by[(path, kind + "_unfused")]
+            print(f"{path:<10} {kind} fused / unfused speed: wall {fused[0] / unfused[0]:.2f}x, "
+                  f"cpu {fused[1] / unfused[1]:.2f}x")
     if args.csv:
         os.makedirs(os.path.dirname(args.csv) or ".", exist_ok=True)
         with open(args.csv, "w", newline="") as f:

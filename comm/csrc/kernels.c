@@ -10,8 +10,15 @@
  * seed's instructions, 256-bit), and portable C99. SIMD bodies use function-level target
  * attributes, so one file builds with plain `cc -O3` everywhere and never needs -march=native.
  * Build flags: -O3 -fno-trapping-math (lets gcc if-convert and vectorise the branch-free portable
- * loops; nothing here reads FP exception flags). Never -ffast-math: the rounding tricks below need
- * IEEE nearest-even additions and no reassociation.
+ * loops; nothing here reads FP exception flags) -ffp-contract=off (no FMA contraction: the fused
+ * ratio kernels must give the bits of NumPy's separate float32 division, addition and
+ * multiplications). Never -ffast-math: the rounding tricks below need IEEE nearest-even additions
+ * and no reassociation.
+ *
+ * The ratio kernels (SPEC 4: the fp8 conversion, the ratio and the scaling are one pass each way)
+ * compute, each operation rounded to float32 in this order,
+ *     encode: fp8((g / (|w| + eps)) * scale)        decode: (fp8 value * inv_scale) * (|w| + eps)
+ * which is what comm/codecs.py's Fp8Codec did with NumPy temporaries before.
  *
  * Why sums go through float32 and then half: a + b of two fp8 (3 significant bits) or two halves
  * (11 bits) rounded to float32 (24 bits) and then to the narrower format equals a single
@@ -31,7 +38,7 @@
 #define C8_X86 0
 #endif
 
-#define C8_ABI_VERSION 1
+#define C8_ABI_VERSION 2     /* 2: encode_ratio / decode_ratio */
 
 enum { C8_PATH_PORTABLE = 1, C8_PATH_AVX2 = 2, C8_PATH_AVX512 = 4 };
 
@@ -109,6 +116,9 @@ static uint8_t float_to_fp8_trunc(float f)
 
 static float fp8_to_float(uint8_t b) { return half_to_float((uint16_t)(b << 8)); }
 
+/* |x| as NumPy's abs does it: clear the sign bit (NaN included), no libm. */
+static float abs_f32(float x) { return bits_f32(f32_bits(x) & 0x7FFFFFFFu); }
+
 static uint16_t half_add_sat(uint16_t a, uint16_t b)
 {
     uint16_t s = float_to_half_rne(half_to_float(a) + half_to_float(b));
@@ -160,6 +170,25 @@ void c8_decode_portable(const uint8_t *b, float *out, size_t n, float scale)
 {
     size_t i;
     for (i = 0; i < n; i++) out[i] = fp8_table[b[i]] * scale;
+}
+
+/* out = fp8((g / (|w| + eps)) * scale), each step rounded to float32. */
+void c8_encode_ratio_portable(const float *g, const float *w, float eps, float scale,
+                              uint8_t *out, size_t n, int truncate)
+{
+    size_t i;
+    if (truncate)
+        for (i = 0; i < n; i++) out[i] = float_to_fp8_trunc((g[i] / (abs_f32(w[i]) + eps)) * scale);
+    else
+        for (i = 0; i < n; i++) out[i] = float_to_fp8_rne((g[i] / (abs_f32(w[i]) + eps)) * scale);
+}
+
+/* out = (fp8 value of b * inv_scale) * (|w| + eps), left to right in float32. */
+void c8_decode_ratio_portable(const uint8_t *b, const float *w, float eps, float inv_scale,
+                              float *out, size_t n)
+{
+    size_t i;
+    for (i = 0; i < n; i++) out[i] = (fp8_table[b[i]] * inv_scale) * (abs_f32(w[i]) + eps);
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -293,6 +322,52 @@ C8_AVX2 void c8_decode_avx2(const uint8_t *b, float *out, size_t n, float scale)
     c8_decode_portable(b + i, out + i, n - i, scale);
 }
 
+/* 8 ratios (g / (|w| + eps)) * scale, in that order, in float32. */
+C8_AVX2 static __m256 avx2_ratio8(const float *g, const float *w, __m256 eps, __m256 s)
+{
+    __m256 aw = _mm256_and_ps(_mm256_loadu_ps(w), _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF)));
+    return _mm256_mul_ps(_mm256_div_ps(_mm256_loadu_ps(g), _mm256_add_ps(aw, eps)), s);
+}
+
+C8_AVX2 void c8_encode_ratio_avx2(const float *g, const float *w, float eps, float scale,
+                                  uint8_t *out, size_t n, int truncate)
+{
+    const __m256 s = _mm256_set1_ps(scale), e = _mm256_set1_ps(eps);
+    const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    size_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+        __m256i c[4];
+        int k;
+        for (k = 0; k < 4; k++) {
+            __m256 v = avx2_ratio8(g + i + 8 * k, w + i + 8 * k, e, s);
+            c[k] = truncate ? avx2_encode8_trunc(v) : avx2_encode8_rne(v);
+        }
+        __m256i p = _mm256_packus_epi16(_mm256_packus_epi32(c[0], c[1]),
+                                        _mm256_packus_epi32(c[2], c[3]));
+        _mm256_storeu_si256((__m256i *)(out + i), _mm256_permutevar8x32_epi32(p, order));
+    }
+    c8_encode_ratio_portable(g + i, w + i, eps, scale, out + i, n - i, truncate);
+}
+
+C8_AVX2 void c8_decode_ratio_avx2(const uint8_t *b, const float *w, float eps, float inv_scale,
+                                  float *out, size_t n)
+{
+    const __m256 s = _mm256_set1_ps(inv_scale), e = _mm256_set1_ps(eps);
+    const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m256i h = _mm256_slli_epi16(
+            _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(b + i))), 8);
+        __m256 f0 = _mm256_mul_ps(_mm256_cvtph_ps(_mm256_castsi256_si128(h)), s);
+        __m256 f1 = _mm256_mul_ps(_mm256_cvtph_ps(_mm256_extracti128_si256(h, 1)), s);
+        __m256 m0 = _mm256_add_ps(_mm256_and_ps(_mm256_loadu_ps(w + i), abs_mask), e);
+        __m256 m1 = _mm256_add_ps(_mm256_and_ps(_mm256_loadu_ps(w + i + 8), abs_mask), e);
+        _mm256_storeu_ps(out + i, _mm256_mul_ps(f0, m0));
+        _mm256_storeu_ps(out + i + 8, _mm256_mul_ps(f1, m1));
+    }
+    c8_decode_ratio_portable(b + i, w + i, eps, inv_scale, out + i, n - i);
+}
+
 /* ---------------------------------------------------------------------------------------------
  * AVX-512 path (F for vcvtph2ps/vcvtps2ph on zmm, BW for byte/word ops and masked tails).
  * ------------------------------------------------------------------------------------------- */
@@ -418,6 +493,38 @@ C8_AVX512 void c8_decode_avx512(const uint8_t *b, float *out, size_t n, float sc
         __mmask16 m = left >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1u);
         __m256i h = _mm256_slli_epi16(_mm256_cvtepu8_epi16(_mm_maskz_loadu_epi8(m, b + i)), 8);
         _mm512_mask_storeu_ps(out + i, m, _mm512_mul_ps(_mm512_cvtph_ps(h), s));
+    }
+}
+
+C8_AVX512 void c8_encode_ratio_avx512(const float *g, const float *w, float eps, float scale,
+                                      uint8_t *out, size_t n, int truncate)
+{
+    const __m512 s = _mm512_set1_ps(scale), e = _mm512_set1_ps(eps);
+    size_t i = 0;
+    for (; i < n; i += 16) {
+        size_t left = n - i;
+        __mmask16 m = left >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1u);
+        __m512 aw = _mm512_abs_ps(_mm512_maskz_loadu_ps(m, w + i));          /* and-not sign */
+        /* masked division: lanes past the end stay 0 and never raise anything */
+        __m512 d = _mm512_maskz_div_ps(m, _mm512_maskz_loadu_ps(m, g + i), _mm512_add_ps(aw, e));
+        __m512 v = _mm512_mul_ps(d, s);
+        __m512i c = truncate ? avx512_encode16_trunc(v) : avx512_encode16_rne(v);
+        _mm_mask_storeu_epi8(out + i, m, _mm512_cvtepi32_epi8(c));
+    }
+}
+
+C8_AVX512 void c8_decode_ratio_avx512(const uint8_t *b, const float *w, float eps,
+                                      float inv_scale, float *out, size_t n)
+{
+    const __m512 s = _mm512_set1_ps(inv_scale), e = _mm512_set1_ps(eps);
+    size_t i = 0;
+    for (; i < n; i += 16) {
+        size_t left = n - i;
+        __mmask16 m = left >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1u);
+        __m256i h = _mm256_slli_epi16(_mm256_cvtepu8_epi16(_mm_maskz_loadu_epi8(m, b + i)), 8);
+        __m512 f = _mm512_mul_ps(_mm512_cvtph_ps(h), s);
+        __m512 aw = _mm512_abs_ps(_mm512_maskz_loadu_ps(m, w + i));
+        _mm512_mask_storeu_ps(out + i, m, _mm512_mul_ps(f, _mm512_add_ps(aw, e)));
     }
 }
 #endif /* C8_X86 */

@@ -220,3 +220,154 @@ def test_environment_forces_a_path_and_ignores_an_unavailable_one():
     assert out.strip() == "numpy"
     out, err = run_python(code, {"CAFFE8_KERNEL_PATH": "vax"}).communicate(timeout=120)
     assert out.strip() == kernels.paths()[0] and "not available" in err
+
+
+# --- fused ratio kernels (the fp8 codec's relative encode/decode, SPEC §4) -----------------------
+def ratio_case(n, seed):
+    """(g, w) float32 with zeros, w = 0, subnormals, huge ratios (saturation), Inf and NaN."""
+    rng = numpy.random.default_rng(seed)
+    g = rng.standard_normal(n) * numpy.exp2(rng.uniform(-40, 20, n))
+    w = rng.standard_normal(n) * numpy.exp2(rng.uniform(-30, 10, n))
+    special = [0.0, -0.0, 1e-45, -1e-45, 1e-40, 3e-39, 1.17e-38, 1e30, -1e30, 3.4e38,
+               numpy.inf, -numpy.inf, numpy.nan, 1.0, -1.0, 6e4, 7e4]
+    pick = rng.integers(0, n, n // 5)
+    g[pick] = rng.choice(special, pick.size)
+    pick = rng.integers(0, n, n // 5)
+    w[pick] = rng.choice(special, pick.size)
+    w[rng.integers(0, n, n // 10)] = 0.0
+    return g.astype(numpy.float32), w.astype(numpy.float32)
+
+
+def ref_ratio(g, w, eps, scale):
+    """float32 g / (|w| + eps) * scale, each step rounded to float32, as NumPy does it."""
+    with numpy.errstate(divide="ignore", over="ignore", invalid="ignore"):
+        d = g / (numpy.abs(w) + numpy.float32(eps))
+        return d * numpy.float32(scale)
+
+
+def ref_encode(y, rounding):
+    """ml_dtypes float8_e5m2 of float32 y, saturating at ±57344 (nearest); the seed's truncate:
+    half (nearest even), upper byte, Inf saturating."""
+    with numpy.errstate(over="ignore", invalid="ignore"):
+        if rounding == "nearest":
+            return numpy.clip(y, -57344, 57344).astype(E5M2).view(numpy.uint8)
+        hi = (y.astype(numpy.float16).view(numpy.uint16) >> 8).astype(numpy.uint8)
+    hi[(hi & 0x7F) == 0x7C] -= 1
+    return hi
+
+
+def assert_same_codes(out, ref):
+    """Bit-equal, except that any NaN code matches any NaN code (ml_dtypes picks its own)."""
+    nan_ref, nan_out = (ref & 0x7F) > 0x7C, (out & 0x7F) > 0x7C
+    assert numpy.array_equal(nan_out, nan_ref), "NaN positions differ"
+    bad = numpy.flatnonzero(out[~nan_ref] != ref[~nan_ref])
+    assert bad.size == 0, f"{bad.size} codes differ, first at {bad[:5]}"
+
+
+@pytest.mark.parametrize("rounding", ["nearest", "truncate"])
+@pytest.mark.parametrize("eps,scale", [(1e-5, 57344 / 3.7), (1e-5, 1.0), (0.0, 0.37),
+                                       (1e-3, 2.0 ** -20)])
+def test_encode_ratio_every_path(path, rounding, eps, scale):
+    g, w = ratio_case(200_003, 5)                                   # odd length: SIMD tails
+    scale = float(numpy.float32(scale))
+    out = numpy.empty(g.size, numpy.uint8)
+    assert kernels.encode_ratio_fp8(g, w, eps, scale, out, rounding) is out
+    ref = ref_encode(ref_ratio(g, w, eps, scale), rounding)
+    assert_same_codes(out, ref)
+    finite = numpy.isfinite(g) & numpy.isfinite(w) & (numpy.abs(w) + numpy.float32(eps) > 0)
+    assert numpy.all((out[finite] & 0x7C) != 0x7C), "finite ratios gave Inf or NaN"
+    assert numpy.any(out == 0x7B) and numpy.any(out == 0x01) and numpy.any(out == 0)  # sat, sub
+    # and the unfused sequence the codec used before (ratio in NumPy, then the encode kernel)
+    with numpy.errstate(over="ignore"):                             # NumPy path's multiply
+        before = kernels.encode_fp8(ref_ratio(g, w, eps, 1.0), numpy.empty_like(out), scale,
+                                    rounding)
+    assert_same_codes(out, before)
+
+
+@pytest.mark.parametrize("n", [1, 7, 16, 31, 32, 33, 63, 65, 1000])
+def test_encode_ratio_lengths_and_misaligned(path, n):
+    g, w = ratio_case(n + 2, n)
+    g, w = g[1:n + 1], w[2:]                                        # unaligned starts
+    buf = numpy.full(n + 2, 0xAA, numpy.uint8)
+    kernels.encode_ratio_fp8(g, w, 1e-5, 1000.0, buf[1:n + 1])
+    assert_same_codes(buf[1:n + 1], ref_encode(ref_ratio(g, w, 1e-5, 1000.0), "nearest"))
+    assert buf[0] == 0xAA and buf[-1] == 0xAA
+
+
+@pytest.mark.parametrize("eps,inv_scale", [(1e-5, 3.7 / 57344), (0.0, 1.0), (1e-3, 2.0 ** 20)])
+def test_decode_ratio_every_path(path, eps, inv_scale):
+    rng = numpy.random.default_rng(6)
+    n = 100_001
+    codes = rng.integers(0, 256, n, dtype=numpy.uint8)
+    codes[:256] = numpy.arange(256)                                  # every code, incl. Inf/NaN
+    _, w = ratio_case(n, 7)
+    inv_scale = float(numpy.float32(inv_scale))
+    out = numpy.empty(n, numpy.float32)
+    assert kernels.decode_ratio_fp8(codes, w, eps, inv_scale, out) is out
+    with numpy.errstate(over="ignore", invalid="ignore"):
+        ref = (codes.view(E5M2).astype(numpy.float32) * numpy.float32(inv_scale)) \
+            * (numpy.abs(w) + numpy.float32(eps))
+    nan = numpy.isnan(ref)
+    assert numpy.array_equal(numpy.isnan(out), nan)
+    assert numpy.array_equal(out[~nan].view(numpy.uint32), ref[~nan].view(numpy.uint32))
+    for n_small in (1, 15, 17, 33):                                  # tails, unaligned
+        small = numpy.empty(n_small + 1, numpy.float32)
+        w_off = numpy.empty(n_small + 3, numpy.float32)[3:]
+        w_off[:] = w[1:n_small + 1]
+        kernels.decode_ratio_fp8(codes[1:n_small + 1], w_off, eps, inv_scale, small[1:])
+        assert numpy.array_equal(small[1:], ref[1:n_small + 1], equal_nan=True)
+
+
+def test_ratio_argument_checks():
+    f, b = numpy.zeros(8, numpy.float32), numpy.zeros(8, numpy.uint8)
+    with pytest.raises(ValueError, match="float32"):
+        kernels.encode_ratio_fp8(f.astype(numpy.int32), f, 1e-5, 1.0, b)
+    with pytest.raises(ValueError, match="elements"):
+        kernels.encode_ratio_fp8(f, numpy.zeros(9, numpy.float32), 1e-5, 1.0, b)
+    with pytest.raises(ValueError, match="rounding"):
+        kernels.encode_ratio_fp8(f, f, 1e-5, 1.0, b, rounding="up")
+    with pytest.raises(ValueError, match="float32"):
+        kernels.decode_ratio_fp8(b, f, 1e-5, 1.0, numpy.zeros(8, numpy.int32))
+    with pytest.raises(ValueError, match="contiguous"):
+        kernels.decode_ratio_fp8(b, numpy.zeros(16, numpy.float32)[::2], 1e-5, 1.0, f)
+
+
+@pytest.mark.parametrize("rounding", ["nearest", "truncate"])
+def test_fp8_codec_relative_host_bits(path, rounding):
+    """Fp8Codec(relative=True) on host arrays, now through the fused kernels, gives the bits of
+    the NumPy float32 sequence: D = g / (|W| + eps), fp8(D * scale); (v * inv_scale) * (|W| + eps)."""
+    from comm.codecs import Fp8Codec, TensorPlan
+    rng = numpy.random.default_rng(8)
+    shape = (37, 111)
+    g = (rng.standard_normal(shape) * 1e-3).astype(numpy.float32)
+    w = (rng.standard_normal(shape) * 0.1).astype(numpy.float32)
+    w[0, :5] = 0.0
+    codec = Fp8Codec(relative=True, epsilon=1e-5, rounding=rounding, quantile_interval=1)
+    plan = TensorPlan(stages=(1, 1), parts=1, key="t", weight=w)
+    wire, ctx = codec.compress(g, plan)
+    q = codec.tracker.get("t")
+    scale = numpy.float32(57344.0 / q)
+    with numpy.errstate(over="ignore"):
+        d = g.ravel() / (numpy.abs(w.ravel()) + numpy.float32(1e-5))
+    ref = ref_encode(d * scale, rounding)
+    assert numpy.array_equal(wire[:g.size], ref)
+    out = numpy.empty(shape, numpy.float32)
+    codec.decompress(wire, ctx, out)
+    inv = numpy.float32(q / 57344.0)
+    expect = (ref.view(E5M2).astype(numpy.float32) * inv) \
+        * (numpy.abs(w.ravel()) + numpy.float32(1e-5))
+    assert numpy.array_equal(out.ravel().view(numpy.uint32), expect.view(numpy.uint32))
+    out64 = numpy.empty(shape, numpy.float64)                       # write_back route
+    codec.decompress(wire, ctx, out64)
+    assert numpy.array_equal(out64.ravel(), expect.astype(numpy.float64))
+
+
+@pytest.mark.skipif(not {"avx2", "avx512"} & set(kernels.paths()), reason="no SIMD path here")
+def test_self_check_catches_a_broken_ratio_kernel(monkeypatch):
+    name = [p for p in kernels.paths() if p in ("avx2", "avx512")][0]
+
+    def ignores_truncate(g, w, eps, scale, out, n, truncate):
+        kernels._lib.c8_encode_ratio_portable(g, w, eps, scale, out, n, 0)
+
+    monkeypatch.setattr(kernels._lib, f"c8_encode_ratio_{name}", ignores_truncate)
+    assert kernels.self_check(name) == ["encode_ratio_truncate"]
