@@ -44,6 +44,7 @@ Reduce_scatter_block + Allgather for every format.
 """
 import os
 import sys
+import time
 import traceback
 
 from engine.errors import CaffeError
@@ -207,10 +208,13 @@ def install_excepthook(world=None):
     world = world or get_world()
 
     def _abort(exc_type, exc, tb):
-        sys.stderr.write(f"[rank {world.rank}] uncaught {exc_type.__name__}; aborting the job\n")
-        traceback.print_exception(exc_type, exc, tb, file=sys.stderr)
-        sys.stderr.flush()
+        text = (f"[rank {world.rank}] uncaught {exc_type.__name__}; aborting the job\n"
+                + "".join(traceback.format_exception(exc_type, exc, tb)))
         sys.stdout.flush()
+        # One write, then a moment for mpiexec to forward it: MPI_Abort makes the process
+        # manager kill every rank, and output still in flight would be cut off.
+        os.write(2, text.encode(errors="replace"))
+        time.sleep(0.2)
         world.abort(1)
 
     sys.excepthook = _abort

@@ -273,6 +273,8 @@ def _abort_if_mpi(code):
     if launched_by_mpiexec() and "mpi4py.MPI" in sys.modules:
         from mpi4py import MPI
         if MPI.Is_initialized() and not MPI.Is_finalized():
+            import time
+            time.sleep(0.2)  # let mpiexec forward the error message before it kills the job
             MPI.COMM_WORLD.Abort(code)
 
 
