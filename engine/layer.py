@@ -13,6 +13,8 @@ The contract is pycaffe's Python layer plus Caffe's one-time setup:
 Parameter Blobs are rebound by the Net onto one contiguous buffer after setup, so layers must
 read ``self.blobs[j].data`` each time rather than keep references to the arrays.
 """
+import abc
+
 import numpy
 
 from engine.errors import LayerError
@@ -43,7 +45,7 @@ def create_layer(layer_param, phase="TRAIN", dtype=numpy.float32):
     return cls(layer_param, phase, dtype)
 
 
-class Layer:
+class Layer(abc.ABC):
     type = None
     # Blob-count hints, checked by setup(); None means "no constraint".
     exact_num_bottom = None
@@ -69,11 +71,13 @@ class Layer:
     def layer_setup(self, bottom, top):
         """One-time setup; default: nothing."""
 
+    @abc.abstractmethod
     def reshape(self, bottom, top):
-        raise NotImplementedError(f"{type(self).__name__}.reshape")
+        """Set top shapes (every layer defines it)."""
 
+    @abc.abstractmethod
     def forward(self, bottom, top):
-        raise NotImplementedError(f"{type(self).__name__}.forward")
+        """Write ``top[i].data`` (every layer defines it)."""
 
     def backward(self, top, propagate_down, bottom):
         """Default: no gradient (data, accuracy)."""

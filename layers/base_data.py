@@ -18,6 +18,7 @@ the layer's dtype). This class adds:
   run reads exactly the batches an uninterrupted one would;
 * ``close()``: stops the threads and releases files (dropping the layer also ends its thread).
 """
+import abc
 import os
 from concurrent.futures import ThreadPoolExecutor
 
@@ -67,19 +68,21 @@ class BaseDataLayer(Layer):
     decode_threads = int(os.environ.get("CAFFE8_DATA_THREADS", "1") or 1)
 
     # --- subclass hooks ------------------------------------------------------------------------
+    @abc.abstractmethod
     def data_setup(self, top):
-        raise NotImplementedError
+        """Open the source; return the list of top shapes."""
 
+    @abc.abstractmethod
     def load_batch(self):
-        raise NotImplementedError
+        """Read and transform the next batch (runs on the prefetch thread)."""
 
+    @abc.abstractmethod
     def cursor_state(self):
         """JSON-able position of the reader (after the batches produced so far)."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def restore_cursor(self, state):
         """Go back to a position returned by ``cursor_state``."""
-        raise NotImplementedError
 
     # --- Layer contract ------------------------------------------------------------------------
     def layer_setup(self, bottom, top):
