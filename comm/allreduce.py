@@ -16,18 +16,12 @@ Registry: ``create_allreduce(name, comm, processes_per_node=0)``; names in ``ALG
 import numpy
 
 from comm.mpi import node_comms
+from engine.registry import registrar
 
 ALGORITHMS = {}
 
 
-def register_allreduce(name):
-    def wrap(cls):
-        if name in ALGORITHMS:
-            raise ValueError(f"allreduce algorithm {name!r} registered twice")
-        ALGORITHMS[name] = cls
-        cls.name = name
-        return cls
-    return wrap
+register_allreduce = registrar(ALGORITHMS, "allreduce algorithm", "name")
 
 
 def create_allreduce(name, comm, processes_per_node=0):

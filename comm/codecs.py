@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import numpy
 
 from engine import backend
+from engine.registry import registrar
 from comm.ops import padded_length, wire_op
 from comm.quantile import QuantileTracker
 
@@ -25,14 +26,7 @@ FP8_MAX = 57344.0
 CODECS = {}
 
 
-def register_codec(name):
-    def wrap(cls):
-        if name in CODECS:
-            raise ValueError(f"codec {name!r} registered twice")
-        CODECS[name] = cls
-        cls.name = name
-        return cls
-    return wrap
+register_codec = registrar(CODECS, "codec", "name")
 
 
 def create_codec(name, **options):

@@ -37,15 +37,6 @@ def _add(timings, **seconds):
             timings[k] = timings.get(k, 0.0) + v
 
 
-def _single_buffer(flat):
-    """The net's flat buffer: an array, or a {dtype: array} dict holding exactly one array."""
-    if isinstance(flat, dict):
-        if len(flat) != 1:
-            raise ValueError(f"GradientExchange supports one parameter dtype, net has {list(flat)}")
-        return next(iter(flat.values()))
-    return flat
-
-
 class GradientExchange:
     """Averages the net's parameter gradients over ``world`` (see the module docstring).
 
@@ -92,7 +83,7 @@ class GradientExchange:
         """
         if self.world.size == 1 or sl.stop <= sl.start:
             return
-        grad = _single_buffer(self.net.flat_diff)[sl]
+        grad = self.net.flat_diff[sl]
         t0 = time.perf_counter()
         if self.gather_mean is not None and self.iteration >= self.warmup_fp32_iters:
             grad[...] = self.gather_mean(self.world.comm, grad, (sl.start, sl.stop), self.iteration)
@@ -101,7 +92,7 @@ class GradientExchange:
         codec = self.codec_for_iteration()
         algo = self.algorithms[self._algo_for[codec.name]]
         plan = TensorPlan(stages=algo.stages, parts=algo.parts, comm=self.world.comm,
-                          key=(sl.start, sl.stop), weight=_single_buffer(self.net.flat_data)[sl],
+                          key=(sl.start, sl.stop), weight=self.net.flat_data[sl],
                           iteration=self.iteration)
         q0, d0, h0 = codec.quantile_seconds, codec.d2h_seconds, codec.h2d_seconds
         wire, ctx = codec.compress(grad, plan)
@@ -156,7 +147,7 @@ class GradientExchange:
         the digests are allgathered, so the answer is the same on every rank.
         """
         if params is None:
-            params = [_single_buffer(self.net.flat_data)]
+            params = [self.net.flat_data]
         elif not isinstance(params, (list, tuple)):
             params = [params]
         h = hashlib.sha256()

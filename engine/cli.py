@@ -82,7 +82,8 @@ def cmd_train(args):
         if world.rank != 0:
             timing = TimingLog(args.timing_log, world.rank, truncate=False)
     _prepare_bundled_data(args.solver, sp, world, log)
-    trainer = Trainer(args.solver, world=world, log=log, exchange_factory=factory, timing=timing)
+    trainer = Trainer(args.solver, world=world, log=log, exchange_factory=factory, timing=timing,
+                      param=sp)
     if timing is not None:
         timing.attach(trainer)
     _install_signal_handlers(trainer, log)

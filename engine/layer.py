@@ -18,20 +18,13 @@ import abc
 import numpy
 
 from engine.errors import LayerError
+from engine.registry import registrar
 
 LAYERS = {}
 
 
-def register_layer(type_name):
-    """Class decorator registering a Layer subclass under a Caffe type string."""
-    def deco(cls):
-        if type_name in LAYERS:
-            raise ValueError(f"layer type '{type_name}' registered twice "
-                             f"({LAYERS[type_name].__module__} and {cls.__module__})")
-        cls.type = type_name
-        LAYERS[type_name] = cls
-        return cls
-    return deco
+#: ``@register_layer("Convolution")``: registers a Layer subclass under its Caffe type string.
+register_layer = registrar(LAYERS, "layer type", "type")
 
 
 def create_layer(layer_param, phase="TRAIN", dtype=numpy.float32):

@@ -14,6 +14,42 @@ def _sync():
         backend.cupy.cuda.Device().synchronize()
 
 
+def output_values(net):
+    """[(blob name, flat float64 host values, loss weight)] of the net's outputs, sorted by name."""
+    return [(name, backend.to_numpy(net.blobs[name].data).astype(numpy.float64).reshape(-1),
+             net.blob_loss_weights.get(name, 0.0)) for name in net.output_blob_names]
+
+
+def average_outputs(net, iterations, world, on_batch=None):
+    """Forward ``iterations`` batches of this rank's share and average every output element and
+    the loss over the passes and then over all ranks (each rank scores its own share).
+
+    Returns (outputs of the last pass as from :func:`output_values`, element means, mean loss).
+    ``on_batch(i, outputs)`` sees each pass's outputs (``caffe8 test`` logs them).
+    """
+    sums, loss, outputs = None, 0.0, []
+    for i in range(iterations):
+        net.forward()
+        loss += net.loss
+        outputs = output_values(net)
+        if on_batch is not None:
+            on_batch(i, outputs)
+        flat = numpy.concatenate([v for _, v, _ in outputs]) if outputs else numpy.zeros(0)
+        sums = flat if sums is None else sums + flat
+    means = numpy.append(sums if sums is not None else numpy.zeros(0), loss) / max(iterations, 1)
+    if world.size > 1:
+        from mpi4py import MPI
+        world.comm.Allreduce(MPI.IN_PLACE, means, op=MPI.SUM)
+        means /= world.size
+    return outputs, means[:-1], float(means[-1])
+
+
+def _element_names(outputs):
+    """(display name, blob, loss weight) per output element: ``name`` or ``name[k]``."""
+    return [(name if vals.size == 1 else f"{name}[{k}]", name, w)
+            for name, vals, w in outputs for k in range(vals.size)]
+
+
 def run_test(model, weights, iterations, world, log):
     """Forward ``iterations`` batches of this rank's share; log per-batch and mean outputs.
 
@@ -23,31 +59,19 @@ def run_test(model, weights, iterations, world, log):
     if iterations < 1:
         raise CaffeError(f"--iterations must be >= 1, got {iterations}")
     net = Net(model, phase="TEST", weights=weights, rank=world.rank, world=world.size)
-    names, blob_of, sums, loss_sum = [], [], None, 0.0
-    for i in range(iterations):
-        outputs = net.forward()
-        loss_sum += net.loss
-        flat, names, blob_of = [], [], []
-        for name, data in outputs.items():
-            vals = backend.to_numpy(data).astype(numpy.float64).reshape(-1)
-            for k, v in enumerate(vals):
-                names.append(name if vals.size == 1 else f"{name}[{k}]")
-                blob_of.append(name)
-                log(f"Batch {i}, {names[-1]} = {fmt(v)}")
-            flat.append(vals)
-        flat = numpy.concatenate(flat) if flat else numpy.zeros(0)
-        sums = flat if sums is None else sums + flat
-    means = numpy.append(sums if sums is not None else numpy.zeros(0), loss_sum) / max(iterations, 1)
-    if world.size > 1:
-        from mpi4py import MPI
-        world.comm.Allreduce(MPI.IN_PLACE, means, op=MPI.SUM)
-        means /= world.size
-    log(f"Loss: {fmt(means[-1])}")
-    for name, blob, v in zip(names, blob_of, means[:-1]):
-        w = net.blob_loss_weights.get(blob, 0.0)
+
+    def log_batch(i, outputs):
+        values = numpy.concatenate([v for _, v, _ in outputs]) if outputs else []
+        for (label, _, _), v in zip(_element_names(outputs), values):
+            log(f"Batch {i}, {label} = {fmt(v)}")
+
+    outputs, means, loss = average_outputs(net, iterations, world, log_batch)
+    log(f"Loss: {fmt(loss)}")
+    names = _element_names(outputs)
+    for (label, _, w), v in zip(names, means):
         suffix = f" (* {fmt(w)} = {fmt(w * v)} loss)" if w else ""
-        log(f"{name} = {fmt(v)}{suffix}")
-    return dict(zip(names, means[:-1].tolist())), float(means[-1])
+        log(f"{label} = {fmt(v)}{suffix}")
+    return {label: float(v) for (label, _, _), v in zip(names, means)}, loss
 
 
 def run_time(model, iterations, log, phase="TRAIN"):

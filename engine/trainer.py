@@ -9,7 +9,6 @@ import math
 import os
 import time
 
-import numpy
 
 from engine import backend
 from engine.errors import CaffeError, SolverError
@@ -17,6 +16,7 @@ from engine.glog import fmt
 from engine.net import Net
 from engine.prototxt import parse_file
 from engine.snapshot import atomic_write, load_solverstate, save_solverstate
+from engine.tester import average_outputs, output_values
 from solvers import create_solver
 
 
@@ -40,9 +40,11 @@ def resolve_path(path, solver_path):
 class Trainer:
     """Runs a solver prototxt. ``world`` has ``rank``, ``size`` and ``comm`` (mpi4py or None)."""
 
-    def __init__(self, solver_path, world=None, log=None, exchange_factory=None, timing=None):
+    def __init__(self, solver_path, world=None, log=None, exchange_factory=None, timing=None,
+                 param=None):
+        """``param``: the solver file already parsed (the CLI reads it first to pick the device)."""
         self.solver_path = str(solver_path)
-        self.param = parse_file(self.solver_path, "SolverParameter")
+        self.param = param if param is not None else parse_file(self.solver_path, "SolverParameter")
         self.world = world or SingleProcessWorld()
         self.log = log or (lambda msg: None)
         self.timing = timing
@@ -120,14 +122,10 @@ class Trainer:
     def _broadcast_weights(self):
         """Every rank starts from rank 0's weights (bit-identical parameters from iteration 0)."""
         if self.world.size > 1:
-            for arr in self._flat_arrays(self.net.flat_data):
-                host = backend.to_numpy(arr)
-                self.world.comm.Bcast(host, root=0)
-                arr[...] = backend.to_device(host, like=arr)
-
-    @staticmethod
-    def _flat_arrays(flat):
-        return list(flat.values()) if isinstance(flat, dict) else [flat]
+            flat = self.net.flat_data
+            host = backend.to_numpy(flat)
+            self.world.comm.Bcast(host, root=0)
+            flat[...] = backend.to_device(host, like=flat)
 
     # --- the loop --------------------------------------------------------------------------------
     @property
@@ -155,17 +153,11 @@ class Trainer:
             self.snapshot()
         if p.display and self.iter % p.display == 0:
             self.net.forward()
-            self._update_smoothed_loss(self._weighted_loss(self.net), self.iter)
+            self._update_smoothed_loss(self.net.loss, self.iter)
             self.log(f"Iteration {self.iter}, loss = {fmt(self.smoothed_loss)}")
         if p.test_interval and self.iter % p.test_interval == 0:
             self.test_all()
         self.log("Optimization Done.")
-
-    @staticmethod
-    def _weighted_loss(net):
-        """Sum of loss_weight × top over every weighted blob (Caffe's net loss)."""
-        return sum(w * float(backend.to_numpy(net.blobs[name].data).astype(numpy.float64).sum())
-                   for name, w in net.blob_loss_weights.items() if w)
 
     def step(self, iters, progress=None):
         p = self.param
@@ -189,7 +181,7 @@ class Trainer:
                 self.log(f"Iteration {self.iter} ({fmt(rate)} iter/s, {fmt(elapsed)}s/{p.display} iters), "
                          f"loss = {fmt(self.smoothed_loss)}")
                 last_time, last_iter = now, self.iter
-                self._log_outputs(self.net, "Train", self._net_outputs(self.net))
+                self._log_outputs("Train", output_values(self.net))
             t_wait = time.perf_counter()
             if self.exchange is not None:
                 self.exchange.exchange_all()  # async: waits for the thread that ran during backward
@@ -250,8 +242,8 @@ class Trainer:
         on one rank would otherwise pass unseen. One tiny allreduce per iteration, made after
         the exchange, when no other thread is in MPI; every rank then acts alike.
         """
-        finite = math.isfinite(loss) and all(bool(backend.get_array_module(a).isfinite(a).all())
-                                             for a in self._flat_arrays(self.net.flat_diff))
+        diff = self.net.flat_diff
+        finite = math.isfinite(loss) and bool(backend.get_array_module(diff).isfinite(diff).all())
         flags, self._requests = self._requests | (0 if finite else _NONFINITE), 0
         if self.world.size > 1:
             from mpi4py import MPI
@@ -272,16 +264,7 @@ class Trainer:
                          f"(set comm {{ nonfinite: \"skip\" }} in the solver to skip such updates)")
 
     # --- outputs and testing ---------------------------------------------------------------------
-    @staticmethod
-    def _net_outputs(net):
-        """[(blob name, flat values, loss weight)] for the net's outputs, sorted by name."""
-        out = []
-        for name in net.output_blob_names:
-            values = backend.to_numpy(net.blobs[name].data).astype(numpy.float64).reshape(-1)
-            out.append((name, values, net.blob_loss_weights.get(name, 0.0)))
-        return out
-
-    def _log_outputs(self, net, kind, outputs, means=None):
+    def _log_outputs(self, kind, outputs, means=None):
         k = 0
         for name, values, weight in outputs:
             vals = means[k:k + values.size] if means is not None else values
@@ -296,23 +279,11 @@ class Trainer:
 
     def test(self, i):
         """Run test_iter[i] forward passes on this rank's share; average over passes and ranks."""
-        net, n = self.test_nets[i], self.param.test_iter[i]
         self.log(f"Iteration {self.iter}, Testing net (#{i})")
-        sums, loss, outputs = None, 0.0, []
-        for _ in range(n):
-            net.forward()
-            loss += self._weighted_loss(net)
-            outputs = self._net_outputs(net)
-            flat = numpy.concatenate([v for _, v, _ in outputs]) if outputs else numpy.zeros(0)
-            sums = flat if sums is None else sums + flat
-        means = numpy.append(sums if sums is not None else numpy.zeros(0), loss) / max(n, 1)
-        if self.world.size > 1:
-            from mpi4py import MPI
-            self.world.comm.Allreduce(MPI.IN_PLACE, means, op=MPI.SUM)
-            means /= self.world.size
+        outputs, means, loss = average_outputs(self.test_nets[i], self.param.test_iter[i], self.world)
         if self.param.test_compute_loss:
-            self.log(f"Test loss: {fmt(means[-1])}")
-        self._log_outputs(net, "Test", outputs, means[:-1])
+            self.log(f"Test loss: {fmt(loss)}")
+        self._log_outputs("Test", outputs, means)
         self.last_test = {name: float(means[k]) for k, (name, _, _) in enumerate(outputs)}
         return self.last_test
 

@@ -4,6 +4,7 @@ All take one bottom and one top of the same shape and may run in place (top[0] i
 In place, bottom data is overwritten by forward, so each backward uses only top data or state
 saved in forward when it needs the input ``x``.
 """
+import abc
 import math
 
 from engine import backend
@@ -12,12 +13,24 @@ from layers.axes import is_in_place, reshape_like
 
 
 class NeuronLayer(Layer):
-    """One bottom, one top of the same shape; ``y = f(x)`` elementwise."""
+    """One bottom, one top of the same shape, in place allowed."""
     exact_num_bottom = 1
     exact_num_top = 1
+    needs_input = False  # does backward need x itself (not only y)?
 
     def reshape(self, bottom, top):
         reshape_like(bottom, top)
+
+    def _save_input(self, x, in_place):
+        """Keep a copy of x only when backward needs it and forward is about to overwrite it."""
+        self._x = x.copy() if (in_place and self.needs_input) else None
+
+    def _input(self, bottom):
+        return bottom[0].data if self._x is None else self._x
+
+
+class ElementwiseNeuronLayer(NeuronLayer):
+    """``y = f(x)`` and ``dx = dy · f'(x)`` from the two formulas a subclass gives."""
 
     def forward(self, bottom, top):
         x = bottom[0].data
@@ -30,21 +43,13 @@ class NeuronLayer(Layer):
         xp = backend.get_array_module(top[0].data)
         bottom[0].diff[...] = top[0].diff * self.df(bottom, top, xp)
 
-    def _save_input(self, x, in_place):
-        """Keep a copy of x only when backward needs it and forward is about to overwrite it."""
-        self._x = x.copy() if (in_place and self.needs_input) else None
-
-    def _input(self, bottom):
-        return bottom[0].data if self._x is None else self._x
-
-    needs_input = False
-
+    @abc.abstractmethod
     def f(self, x, xp):
-        raise NotImplementedError
+        """y = f(x), elementwise."""
 
+    @abc.abstractmethod
     def df(self, bottom, top, xp):
         """dy/dx, shape of x."""
-        raise NotImplementedError
 
 
 @register_layer("ReLU")
@@ -90,7 +95,7 @@ class ReLULayer(NeuronLayer):
 
 
 @register_layer("Sigmoid")
-class SigmoidLayer(NeuronLayer):
+class SigmoidLayer(ElementwiseNeuronLayer):
     """y = 1 / (1 + exp(-x)), computed as 0.5·tanh(x/2) + 0.5 (no overflow); dy/dx = y(1-y)."""
 
     def f(self, x, xp):
@@ -103,7 +108,7 @@ class SigmoidLayer(NeuronLayer):
 
 
 @register_layer("TanH")
-class TanHLayer(NeuronLayer):
+class TanHLayer(ElementwiseNeuronLayer):
     """y = tanh(x); dy/dx = 1 - y²."""
 
     def f(self, x, xp):
@@ -115,7 +120,7 @@ class TanHLayer(NeuronLayer):
 
 
 @register_layer("Power")
-class PowerLayer(NeuronLayer):
+class PowerLayer(ElementwiseNeuronLayer):
     """y = (shift + scale·x)^power; dy/dx = power·scale·(shift + scale·x)^(power-1)."""
 
     def layer_setup(self, bottom, top):
@@ -142,7 +147,7 @@ class PowerLayer(NeuronLayer):
 
 
 @register_layer("Exp")
-class ExpLayer(NeuronLayer):
+class ExpLayer(ElementwiseNeuronLayer):
     """y = base^(shift + scale·x) (base -1 means e); dy/dx = y·ln(base)·scale."""
 
     def layer_setup(self, bottom, top):
@@ -163,7 +168,7 @@ class ExpLayer(NeuronLayer):
 
 
 @register_layer("Log")
-class LogLayer(NeuronLayer):
+class LogLayer(ElementwiseNeuronLayer):
     """y = log_base(shift + scale·x) (base -1 means e).
 
     dy/dx = scale / ((shift + scale·x)·ln base).

@@ -1,5 +1,6 @@
 """Solver registry keyed by Caffe's ``type`` string, and the ``create_solver`` factory."""
 from engine.errors import SolverError
+from engine.registry import registrar
 
 SOLVERS = {}
 
@@ -8,16 +9,8 @@ LEGACY_SOLVER_TYPES = {"SGD": "SGD", "NESTEROV": "Nesterov", "ADAGRAD": "AdaGrad
                        "RMSPROP": "RMSProp", "ADADELTA": "AdaDelta", "ADAM": "Adam"}
 
 
-def register_solver(type_name):
-    """Class decorator registering a solver class under a Caffe type string ("SGD", "Adam")."""
-    def deco(cls):
-        if type_name in SOLVERS:
-            raise ValueError(f"solver type '{type_name}' registered twice "
-                             f"({SOLVERS[type_name].__module__} and {cls.__module__})")
-        cls.type = type_name
-        SOLVERS[type_name] = cls
-        return cls
-    return deco
+#: ``@register_solver("Adam")``: registers a solver class under a Caffe type string.
+register_solver = registrar(SOLVERS, "solver type", "type")
 
 
 def solver_type_name(solver_param):
