@@ -159,7 +159,8 @@ message CommParameter {
   optional string rounding = 11 [default = "nearest"]; optional int32 consistency_check_interval = 12 [default = 0];
   optional string algorithm = 13 [default = ""]; optional string nonfinite = 14 [default = "stop"];
   optional string aps_format = 15 [default = "E5M2"]; optional bool kahan = 16 [default = false];
-  optional float strom_tau = 17 [default = 0]; optional string dettmers_type = 18 [default = "dynamic_tree"]; }
+  optional float strom_tau = 17 [default = 0]; optional string dettmers_type = 18 [default = "dynamic_tree"];
+  optional float stall_timeout = 19 [default = 300]; optional int32 max_consecutive_skips = 20 [default = 10]; }
 
 message SolverParameter {
   optional string net = 24; optional NetParameter net_param = 25;
