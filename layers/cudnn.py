@@ -1,0 +1,642 @@
+"""cuDNN convolution for the Convolution layer (Caffe's ``CuDNNConvolutionLayer``), via ctypes.
+
+CuPy 14 no longer binds cuDNN, so this module calls the cuDNN C API of ``libcudnn.so.9`` (the
+``nvidia-cudnn-cu13`` wheel, or a system install) through ctypes, as CuPy's own binding did.
+Only the legacy convolution API is used (``cudnn_graph``/``cudnn_ops``/``cudnn_cnn`` headers):
+tensor, filter and convolution descriptors, ``cudnnGet*Algorithm_v7`` heuristics (or, opt-in,
+``cudnnFind*AlgorithmEx`` benchmarks), forward, backward-data, backward-filter, backward-bias
+and ``cudnnAddTensor`` for the bias. docs/ARCHITECTURE.md ("GPU path: cuDNN") gives the reasons.
+
+Engine choice (Caffe's layer factory): ``convolution_param.engine`` DEFAULT means cuDNN when the
+arrays are CuPy arrays and the library loads, else the im2col + GEMM path of ``layers.conv``
+(CAFFE, also the test reference). CUDNN asked for where it cannot run (CPU arrays, no library,
+more than 3 spatial axes, an unsupported dtype) falls back to CAFFE with a one-time log note.
+
+Per call nothing is synchronised with the host: descriptors and the algorithm of each
+(shape, dtype, geometry, TF32 setting, device) are made once and cached; workspaces come from
+CuPy's memory pool (stream-ordered, so freeing one right after the launch is safe); the cuDNN
+handle (one per thread and device) is bound to CuPy's current stream before every launch.
+
+Environment: ``CAFFE8_CUDNN_LIBRARY`` (path of libcudnn.so.9, overriding the search),
+``CAFFE8_CUDNN_ALGO`` (``heuristic``, the default, as Caffe's cuDNN layer; or ``find`` to time
+the candidates once per shape), ``CAFFE8_CUDNN_WORKSPACE_MB`` (largest workspace an algorithm
+may use, default 1024).
+"""
+import ctypes
+import importlib.util
+import os
+import threading
+import weakref
+
+import numpy
+
+from engine import backend
+from layers.im2col import conv_out_size
+
+LIBRARY_ENV = "CAFFE8_CUDNN_LIBRARY"
+ALGO_ENV = "CAFFE8_CUDNN_ALGO"
+WORKSPACE_ENV = "CAFFE8_CUDNN_WORKSPACE_MB"
+
+#: cuDNN 9 ships a small dispatcher (libcudnn.so.9) that dlopens these sub-libraries; loading
+#: them first, globally, from the same folder makes the dispatcher find them even when that
+#: folder is not on the loader's search path (the usual case for a pip wheel).
+SUBLIBRARIES = ("libcudnn_graph.so.9", "libcudnn_engines_precompiled.so.9",
+                "libcudnn_engines_runtime_compiled.so.9", "libcudnn_heuristic.so.9",
+                "libcudnn_ops.so.9", "libcudnn_cnn.so.9")
+LIBRARY_NAME = "libcudnn.so.9"
+#: the legacy API and the perf-struct layout used here exist from cuDNN 8 on
+MIN_VERSION = 8000
+
+# cudnn_graph.h enums
+STATUS_SUCCESS = 0
+DATA_FLOAT, DATA_DOUBLE, DATA_HALF = 0, 1, 2
+TENSOR_NCHW = 0
+CROSS_CORRELATION = 1
+DEFAULT_MATH, TENSOR_OP_MATH, TENSOR_OP_MATH_ALLOW_CONVERSION, FMA_MATH = 0, 1, 2, 3
+
+FORWARD, BACKWARD_DATA, BACKWARD_FILTER = "forward", "backward_data", "backward_filter"
+
+
+class CudnnUnavailable(RuntimeError):
+    """The cuDNN library could not be loaded (the message says where it looked and why)."""
+
+
+class CudnnError(RuntimeError):
+    """A cuDNN call returned an error status."""
+
+
+class AlgoPerf(ctypes.Structure):
+    """``cudnnConvolution{Fwd,BwdData,BwdFilter}AlgoPerf_t`` (one layout for all three)."""
+    _fields_ = [("algo", ctypes.c_int), ("status", ctypes.c_int), ("time", ctypes.c_float),
+                ("memory", ctypes.c_size_t), ("determinism", ctypes.c_int),
+                ("mathType", ctypes.c_int), ("reserved", ctypes.c_int * 3)]
+
+
+# --- loading -------------------------------------------------------------------------------------
+def wheel_library_dirs():
+    """``lib`` folders of the installed NVIDIA wheels that can hold libcudnn (``nvidia.cudnn``
+    for the cuDNN wheels; ``nvidia.cu13`` where CUDA 13 wheels share one tree)."""
+    dirs = []
+    for package in ("nvidia.cudnn", "nvidia.cu13"):
+        try:
+            spec = importlib.util.find_spec(package)
+        except (ImportError, ValueError):
+            continue
+        for root in (spec.submodule_search_locations or []) if spec else []:
+            lib = os.path.join(root, "lib")
+            if os.path.isdir(lib) and lib not in dirs:
+                dirs.append(lib)
+    return dirs
+
+
+def load_library(path=None, search_dirs=None, system=True):
+    """Load libcudnn and return the ``ctypes.CDLL``; raise ``CudnnUnavailable`` naming every
+    place tried. ``path`` (or ``$CAFFE8_CUDNN_LIBRARY``) is used alone when given; otherwise the
+    NVIDIA wheels' folders (``search_dirs`` overrides them), then (``system``) the loader path."""
+    path = path or os.environ.get(LIBRARY_ENV) or None
+    tried = []
+    candidates = [path] if path else (
+        [os.path.join(d, LIBRARY_NAME) for d in
+         (wheel_library_dirs() if search_dirs is None else search_dirs)]
+        + ([LIBRARY_NAME] if system else []))
+    for candidate in candidates:
+        if os.sep in candidate and not os.path.exists(candidate):
+            tried.append(f"{candidate} (no such file)")
+            continue
+        folder = os.path.dirname(candidate)
+        if folder:
+            for sub in SUBLIBRARIES:
+                sub_path = os.path.join(folder, sub)
+                if os.path.exists(sub_path):
+                    try:
+                        ctypes.CDLL(sub_path, mode=ctypes.RTLD_GLOBAL)
+                    except OSError:
+                        pass  # the dispatcher reports what is really missing below
+        try:
+            lib = ctypes.CDLL(candidate, mode=ctypes.RTLD_GLOBAL)
+        except OSError as e:
+            tried.append(f"{candidate} ({e})")
+            continue
+        _declare(lib)
+        version = int(lib.cudnnGetVersion())
+        if version < MIN_VERSION:
+            tried.append(f"{candidate} (version {version}; cuDNN 8 or newer is needed)")
+            continue
+        return lib
+    hint = (f"set {LIBRARY_ENV} to the file" if path is None else
+            f"check {LIBRARY_ENV}" if os.environ.get(LIBRARY_ENV) else "check the path")
+    raise CudnnUnavailable("cuDNN library not loaded; tried: " + "; ".join(tried) +
+                           f". Install it with 'pip install nvidia-cudnn-cu13' or {hint}")
+
+
+_P, _I, _SZ = ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t
+_PI, _PSZ, _PPERF = ctypes.POINTER(ctypes.c_int), ctypes.POINTER(ctypes.c_size_t), ctypes.POINTER(AlgoPerf)
+_PP = ctypes.POINTER(ctypes.c_void_p)
+#: name -> argument types; every function returns cudnnStatus_t (int)
+_SIGNATURES = {
+    "cudnnCreate": [_PP], "cudnnSetStream": [_P, _P],
+    "cudnnCreateTensorDescriptor": [_PP], "cudnnDestroyTensorDescriptor": [_P],
+    "cudnnSetTensorNdDescriptor": [_P, _I, _I, _PI, _PI],
+    "cudnnCreateFilterDescriptor": [_PP], "cudnnDestroyFilterDescriptor": [_P],
+    "cudnnSetFilterNdDescriptor": [_P, _I, _I, _I, _PI],
+    "cudnnCreateConvolutionDescriptor": [_PP], "cudnnDestroyConvolutionDescriptor": [_P],
+    "cudnnSetConvolutionNdDescriptor": [_P, _I, _PI, _PI, _PI, _I, _I],
+    "cudnnSetConvolutionGroupCount": [_P, _I], "cudnnSetConvolutionMathType": [_P, _I],
+    "cudnnGetConvolutionForwardAlgorithmMaxCount": [_P, _PI],
+    "cudnnGetConvolutionBackwardDataAlgorithmMaxCount": [_P, _PI],
+    "cudnnGetConvolutionBackwardFilterAlgorithmMaxCount": [_P, _PI],
+    "cudnnGetConvolutionForwardAlgorithm_v7": [_P, _P, _P, _P, _P, _I, _PI, _PPERF],
+    "cudnnGetConvolutionBackwardDataAlgorithm_v7": [_P, _P, _P, _P, _P, _I, _PI, _PPERF],
+    "cudnnGetConvolutionBackwardFilterAlgorithm_v7": [_P, _P, _P, _P, _P, _I, _PI, _PPERF],
+    "cudnnFindConvolutionForwardAlgorithmEx":
+        [_P, _P, _P, _P, _P, _P, _P, _P, _I, _PI, _PPERF, _P, _SZ],
+    "cudnnFindConvolutionBackwardDataAlgorithmEx":
+        [_P, _P, _P, _P, _P, _P, _P, _P, _I, _PI, _PPERF, _P, _SZ],
+    "cudnnFindConvolutionBackwardFilterAlgorithmEx":
+        [_P, _P, _P, _P, _P, _P, _P, _P, _I, _PI, _PPERF, _P, _SZ],
+    "cudnnGetConvolutionForwardWorkspaceSize": [_P, _P, _P, _P, _P, _I, _PSZ],
+    "cudnnGetConvolutionBackwardDataWorkspaceSize": [_P, _P, _P, _P, _P, _I, _PSZ],
+    "cudnnGetConvolutionBackwardFilterWorkspaceSize": [_P, _P, _P, _P, _P, _I, _PSZ],
+    "cudnnConvolutionForward": [_P, _P, _P, _P, _P, _P, _P, _I, _P, _SZ, _P, _P, _P],
+    "cudnnConvolutionBackwardData": [_P, _P, _P, _P, _P, _P, _P, _I, _P, _SZ, _P, _P, _P],
+    "cudnnConvolutionBackwardFilter": [_P, _P, _P, _P, _P, _P, _P, _I, _P, _SZ, _P, _P, _P],
+    "cudnnConvolutionBackwardBias": [_P, _P, _P, _P, _P, _P, _P],
+    "cudnnAddTensor": [_P, _P, _P, _P, _P, _P, _P],
+}
+
+
+def _declare(lib):
+    lib.cudnnGetVersion.restype = ctypes.c_size_t
+    lib.cudnnGetVersion.argtypes = []
+    lib.cudnnGetErrorString.restype = ctypes.c_char_p
+    lib.cudnnGetErrorString.argtypes = [ctypes.c_int]
+    for name, args in _SIGNATURES.items():
+        fn = getattr(lib, name)
+        fn.restype = ctypes.c_int
+        fn.argtypes = args
+
+
+_lib = None
+_lib_error = None
+_lib_lock = threading.Lock()
+
+
+def library():
+    """The loaded library (loaded on first use); raises ``CudnnUnavailable``."""
+    global _lib, _lib_error
+    with _lib_lock:
+        if _lib is None and _lib_error is None:
+            try:
+                _lib = load_library()
+            except CudnnUnavailable as e:
+                _lib_error = str(e)
+        if _lib is None:
+            raise CudnnUnavailable(_lib_error)
+        return _lib
+
+
+def library_error():
+    """None when cuDNN loads, else the reason it does not."""
+    try:
+        library()
+        return None
+    except CudnnUnavailable as e:
+        return str(e)
+
+
+def check(status, what):
+    if status != STATUS_SUCCESS:
+        text = _lib.cudnnGetErrorString(status).decode() if _lib is not None else "?"
+        raise CudnnError(f"{what} failed: {text} (cudnnStatus_t {status})")
+
+
+def call(name, *args):
+    check(getattr(library(), name)(*args), name)
+
+
+# --- pure descriptor arithmetic (no library needed) ----------------------------------------------
+def data_type(dtype):
+    """cudnnDataType_t of a NumPy dtype; None when cuDNN does not take it."""
+    return {numpy.dtype(numpy.float32): DATA_FLOAT, numpy.dtype(numpy.float64): DATA_DOUBLE,
+            numpy.dtype(numpy.float16): DATA_HALF}.get(numpy.dtype(dtype))
+
+
+def compute_type(dtype):
+    """Accumulation type of the convolution: float for half and float data, double for double."""
+    return DATA_DOUBLE if numpy.dtype(dtype) == numpy.float64 else DATA_FLOAT
+
+
+def math_type(dtype, tf32):
+    """The math type asked of cuDNN: float32 gets FMA_MATH (no tensor-op rounding) unless TF32
+    is enabled; half may use tensor ops; double only has FMA."""
+    dtype = numpy.dtype(dtype)
+    if dtype == numpy.float32:
+        return TENSOR_OP_MATH if tf32 else FMA_MATH
+    if dtype == numpy.float16:
+        return TENSOR_OP_MATH
+    return DEFAULT_MATH
+
+
+def allowed_math(dtype, tf32, candidate):
+    """Whether an algorithm's math type keeps to the numerics asked for (no TF32 unless enabled)."""
+    if numpy.dtype(dtype) == numpy.float32 and not tf32:
+        return candidate not in (TENSOR_OP_MATH, TENSOR_OP_MATH_ALLOW_CONVERSION)
+    return True
+
+
+def packed_strides(dims):
+    """Element strides of a C-contiguous array of ``dims``."""
+    strides, step = [], 1
+    for d in reversed(dims):
+        strides.append(step)
+        step *= int(d)
+    return tuple(reversed(strides))
+
+
+class Geometry:
+    """The cuDNN view of one convolution: x/w/y/bias dims (1-D lifted to 2-D with a trailing
+    unit axis, since cuDNN's convolutions take 4-D and 5-D tensors), per-axis pad/stride/dilation
+    and the group count. Equal geometries share descriptors' meaning and algorithms."""
+
+    def __init__(self, x_shape, w_shape, pad, stride, dilation, group):
+        spatial = len(x_shape) - 2
+        if not 1 <= spatial <= 3:
+            raise ValueError(f"cuDNN convolutions take 1 to 3 spatial axes, got {spatial}")
+        lift = (1,) if spatial == 1 else ()
+        self.x = tuple(int(v) for v in x_shape) + lift
+        self.w = tuple(int(v) for v in w_shape) + lift
+        self.pad = tuple(int(v) for v in pad) + ((0,) if lift else ())
+        self.stride = tuple(int(v) for v in stride) + lift
+        self.dilation = tuple(int(v) for v in dilation) + lift
+        self.group = int(group)
+        out = tuple(conv_out_size(*a) for a in zip(self.x[2:], self.w[2:], self.pad, self.stride,
+                                                     self.dilation))
+        self.y = (self.x[0], self.w[0]) + out
+        self.bias = (1, self.w[0]) + (1,) * (len(self.x) - 2)
+
+    def key(self):
+        return (self.x, self.w, self.pad, self.stride, self.dilation, self.group)
+
+
+def choose_algorithm(perfs, dtype, tf32, workspace_limit):
+    """First usable candidate (cuDNN lists them best first): status success, workspace within
+    the limit and a math type that respects the TF32 setting. Returns ``(algo, memory,
+    math_type)`` or None. ``perfs`` are ``AlgoPerf`` records or objects with the same fields."""
+    for p in perfs:
+        if p.status == STATUS_SUCCESS and p.memory <= workspace_limit and \
+                allowed_math(dtype, tf32, p.mathType):
+            return int(p.algo), int(p.memory), int(p.mathType)
+    return None
+
+
+class AlgorithmCache:
+    """Algorithm per (operation, device, dtype, geometry, TF32, search mode), chosen once.
+
+    ``search(op, key_fields...)`` is only called on a miss; ``misses`` counts those searches."""
+
+    def __init__(self, search):
+        self._search = search
+        self._chosen = {}
+        self._lock = threading.Lock()
+        self.misses = 0
+
+    def get(self, op, device, dtype, geometry, tf32, mode, *search_args):
+        key = (op, device, numpy.dtype(dtype).str, geometry.key(), bool(tf32), mode)
+        with self._lock:
+            hit = self._chosen.get(key)
+        if hit is not None:
+            return hit
+        found = self._search(op, geometry, dtype, tf32, mode, *search_args)
+        with self._lock:
+            self.misses += 1
+            self._chosen[key] = found
+        return found
+
+    def __len__(self):
+        return len(self._chosen)
+
+
+# --- engine selection ------------------------------------------------------------------------------
+NOTE_CPU = ("convolution_param.engine CUDNN needs CuPy arrays on a GPU; this run is on the CPU, "
+            "so Convolution layers use the CAFFE engine (im2col + GEMM)")
+
+
+def choose_engine(requested, on_device, num_spatial, dtype, lib_error=None):
+    """``(engine, note)``: "CUDNN" or "CAFFE", and the line to log once when a request for
+    cuDNN cannot be honoured (None when nothing needs saying). ``lib_error`` is
+    ``library_error()``, only consulted for device arrays."""
+    if requested == "CAFFE":
+        return "CAFFE", None
+    explicit = requested == "CUDNN"
+    if not on_device:
+        return "CAFFE", NOTE_CPU if explicit else None
+    if lib_error is not None:
+        return "CAFFE", f"cuDNN unavailable, Convolution layers use the CAFFE engine: {lib_error}"
+    if not 1 <= num_spatial <= 3:
+        return "CAFFE", (f"cuDNN convolutions take 1 to 3 spatial axes; a {num_spatial}-axis "
+                         f"Convolution uses the CAFFE engine") if explicit else None
+    if data_type(dtype) is None:
+        return "CAFFE", (f"cuDNN has no {numpy.dtype(dtype)} convolution; using the CAFFE "
+                         f"engine") if explicit else None
+    return "CUDNN", None
+
+
+_engine_of = weakref.WeakKeyDictionary()
+
+
+def wants(layer, array):
+    """True when ``layer`` (a ConvolutionLayer) should run on cuDNN for ``array``'s module.
+    Decided once per layer and array module; the library is only loaded for device arrays."""
+    on_device = backend.is_device_array(array)
+    chosen = _engine_of.setdefault(layer, {})
+    engine = chosen.get(on_device)
+    if engine is None:
+        requested = layer.layer_param.convolution_param.engine
+        lib_error = library_error() if on_device and requested != "CAFFE" else None
+        engine, note = choose_engine(requested, on_device, layer.num_spatial, array.dtype,
+                                     lib_error)
+        if engine == "CUDNN":
+            try:  # a library that loads but cannot start on this driver/device
+                handle()
+            except CudnnError as e:
+                engine, note = "CAFFE", f"cuDNN could not start, using the CAFFE engine: {e}"
+        if note:
+            backend.note_once(note)
+        chosen[on_device] = engine
+    return engine == "CUDNN"
+
+
+# --- handles and descriptors (need the library) ------------------------------------------------------
+_handles = threading.local()
+
+
+def handle():
+    """This thread's cuDNN handle for CuPy's current device, bound to CuPy's current stream."""
+    per_device = getattr(_handles, "by_device", None)
+    if per_device is None:
+        per_device = _handles.by_device = {}
+    device = backend.cuda_device_id()
+    h = per_device.get(device)
+    if h is None:
+        h = ctypes.c_void_p()
+        call("cudnnCreate", ctypes.byref(h))
+        per_device[device] = h
+    call("cudnnSetStream", h, ctypes.c_void_p(backend.cuda_stream_ptr()))
+    return h
+
+
+def _ints(values):
+    return (ctypes.c_int * len(values))(*[int(v) for v in values])
+
+
+class _Descriptor:
+    _create = _destroy = None
+
+    def __init__(self):
+        self.ptr = ctypes.c_void_p()
+        call(self._create, ctypes.byref(self.ptr))
+        self._lib = library()
+
+    def __del__(self):
+        try:
+            if self.ptr.value:
+                getattr(self._lib, self._destroy)(self.ptr)
+        except Exception:  # interpreter shutdown, or construction failed half-way
+            pass
+
+
+class TensorDescriptor(_Descriptor):
+    _create, _destroy = "cudnnCreateTensorDescriptor", "cudnnDestroyTensorDescriptor"
+
+    def __init__(self, dims, dtype):
+        super().__init__()
+        call("cudnnSetTensorNdDescriptor", self.ptr, data_type(dtype), len(dims), _ints(dims),
+             _ints(packed_strides(dims)))
+
+
+class FilterDescriptor(_Descriptor):
+    _create, _destroy = "cudnnCreateFilterDescriptor", "cudnnDestroyFilterDescriptor"
+
+    def __init__(self, dims, dtype):
+        super().__init__()
+        call("cudnnSetFilterNdDescriptor", self.ptr, data_type(dtype), TENSOR_NCHW, len(dims),
+             _ints(dims))
+
+
+class ConvolutionDescriptor(_Descriptor):
+    _create, _destroy = "cudnnCreateConvolutionDescriptor", "cudnnDestroyConvolutionDescriptor"
+
+    def __init__(self, geometry, dtype, math):
+        super().__init__()
+        n = len(geometry.pad)
+        call("cudnnSetConvolutionNdDescriptor", self.ptr, n, _ints(geometry.pad),
+             _ints(geometry.stride), _ints(geometry.dilation), CROSS_CORRELATION,
+             compute_type(dtype))
+        call("cudnnSetConvolutionGroupCount", self.ptr, geometry.group)
+        self.set_math(math)
+
+    def set_math(self, math):
+        call("cudnnSetConvolutionMathType", self.ptr, math)
+
+
+# --- algorithm search ---------------------------------------------------------------------------
+def workspace_limit():
+    return int(float(os.environ.get(WORKSPACE_ENV, "1024")) * (1 << 20))
+
+
+def search_mode():
+    mode = os.environ.get(ALGO_ENV, "heuristic").strip().lower()
+    return mode if mode in ("heuristic", "find") else "heuristic"
+
+
+_MAX_COUNT = {FORWARD: "cudnnGetConvolutionForwardAlgorithmMaxCount",
+              BACKWARD_DATA: "cudnnGetConvolutionBackwardDataAlgorithmMaxCount",
+              BACKWARD_FILTER: "cudnnGetConvolutionBackwardFilterAlgorithmMaxCount"}
+_HEURISTIC = {FORWARD: "cudnnGetConvolutionForwardAlgorithm_v7",
+              BACKWARD_DATA: "cudnnGetConvolutionBackwardDataAlgorithm_v7",
+              BACKWARD_FILTER: "cudnnGetConvolutionBackwardFilterAlgorithm_v7"}
+_FIND = {FORWARD: "cudnnFindConvolutionForwardAlgorithmEx",
+         BACKWARD_DATA: "cudnnFindConvolutionBackwardDataAlgorithmEx",
+         BACKWARD_FILTER: "cudnnFindConvolutionBackwardFilterAlgorithmEx"}
+_WORKSPACE = {FORWARD: "cudnnGetConvolutionForwardWorkspaceSize",
+              BACKWARD_DATA: "cudnnGetConvolutionBackwardDataWorkspaceSize",
+              BACKWARD_FILTER: "cudnnGetConvolutionBackwardFilterWorkspaceSize"}
+
+
+def _descriptor_args(op, plan, conv):
+    """The (in, in, conv, out) descriptor order each operation's query functions take."""
+    if op == FORWARD:
+        return plan.x_desc.ptr, plan.w_desc.ptr, conv.ptr, plan.y_desc.ptr
+    if op == BACKWARD_DATA:
+        return plan.w_desc.ptr, plan.y_desc.ptr, conv.ptr, plan.x_desc.ptr
+    return plan.x_desc.ptr, plan.y_desc.ptr, conv.ptr, plan.w_desc.ptr
+
+
+def _search(op, geometry, dtype, tf32, mode, plan, buffers):
+    """Choose op's algorithm for ``plan``: returns ``(algo, workspace bytes, math type)``.
+
+    ``buffers`` = (x, w, y) device arrays the "find" mode may run on; outputs are scratch
+    arrays there, so the search never clobbers accumulated gradients."""
+    h = handle()
+    count = ctypes.c_int()
+    call(_MAX_COUNT[op], h, ctypes.byref(count))
+    perfs = (AlgoPerf * max(count.value, 1))()
+    returned = ctypes.c_int()
+    conv = plan.conv[op]
+    conv.set_math(math_type(dtype, tf32))
+    limit = workspace_limit()
+    if mode == "find":
+        x, w, y = buffers
+        xp = backend.get_array_module(x)
+        ws = backend.device_workspace(limit)
+        if op == FORWARD:
+            args = (plan.x_desc.ptr, _ptr(x), plan.w_desc.ptr, _ptr(w), conv.ptr,
+                    plan.y_desc.ptr, _ptr(xp.empty_like(y)))
+        elif op == BACKWARD_DATA:
+            args = (plan.w_desc.ptr, _ptr(w), plan.y_desc.ptr, _ptr(y), conv.ptr,
+                    plan.x_desc.ptr, _ptr(xp.empty_like(x)))
+        else:
+            args = (plan.x_desc.ptr, _ptr(x), plan.y_desc.ptr, _ptr(y), conv.ptr,
+                    plan.w_desc.ptr, _ptr(xp.empty_like(w)))
+        call(_FIND[op], h, *args, len(perfs), ctypes.byref(returned), perfs, _ptr(ws), limit)
+    else:
+        call(_HEURISTIC[op], h, *_descriptor_args(op, plan, conv), len(perfs),
+             ctypes.byref(returned), perfs)
+    chosen = choose_algorithm(perfs[:returned.value], dtype, tf32, limit)
+    if chosen is None:
+        raise CudnnError(f"no cuDNN {op} algorithm for x {geometry.x}, w {geometry.w} "
+                         f"within a {limit >> 20} MiB workspace ({WORKSPACE_ENV} raises it)")
+    algo, _, math = chosen
+    conv.set_math(math)
+    size = ctypes.c_size_t()
+    call(_WORKSPACE[op], h, *_descriptor_args(op, plan, conv), algo, ctypes.byref(size))
+    return algo, int(size.value), math
+
+
+algorithms = AlgorithmCache(_search)
+
+
+# --- execution --------------------------------------------------------------------------------------
+def _ptr(a):
+    return ctypes.c_void_p(int(a.data.ptr))
+
+
+class _Plan:
+    """Descriptors for one (layer, input shape, dtype): x/w/y/bias and one convolution
+    descriptor per operation (each carries the math type of its chosen algorithm)."""
+
+    def __init__(self, geometry, dtype):
+        self.geometry = geometry
+        self.dtype = numpy.dtype(dtype)
+        self.x_desc = TensorDescriptor(geometry.x, dtype)
+        self.y_desc = TensorDescriptor(geometry.y, dtype)
+        self.b_desc = TensorDescriptor(geometry.bias, dtype)
+        self.w_desc = FilterDescriptor(geometry.w, dtype)
+        math = math_type(dtype, backend.tf32_enabled())
+        self.conv = {op: ConvolutionDescriptor(geometry, dtype, math)
+                     for op in (FORWARD, BACKWARD_DATA, BACKWARD_FILTER)}
+        self.chosen = {}
+
+    def algorithm(self, op, buffers):
+        tf32 = backend.tf32_enabled()
+        mode = search_mode()
+        chosen = algorithms.get(op, backend.cuda_device_id(), self.dtype, self.geometry, tf32,
+                                mode, self, buffers)
+        if self.chosen.get(op) != chosen:  # first use, or a TF32 switch: retune the descriptor
+            self.conv[op].set_math(chosen[2])
+            self.chosen[op] = chosen
+        return chosen
+
+
+_plans = weakref.WeakKeyDictionary()
+
+
+def _plan(layer, x_shape, dtype):
+    per_layer = _plans.setdefault(layer, {})
+    key = (tuple(x_shape), numpy.dtype(dtype).str)
+    plan = per_layer.get(key)
+    if plan is None:
+        geometry = Geometry(x_shape, layer.blobs[0].data.shape, layer.pad, layer.stride,
+                            layer.dilation, layer.group)
+        plan = per_layer[key] = _Plan(geometry, dtype)
+    return plan
+
+
+def _scalars(dtype):
+    """Host alpha/beta (1, 0) in the type cuDNN reads for ``dtype``: double for double data,
+    float otherwise."""
+    kind = ctypes.c_double if numpy.dtype(dtype) == numpy.float64 else ctypes.c_float
+    return ctypes.byref(kind(1.0)), ctypes.byref(kind(0.0))
+
+
+def _contiguous(xp, a):
+    return a if a.flags.c_contiguous else xp.ascontiguousarray(a)
+
+
+def _run(op, plan, buffers, *args):
+    algo, ws_size, _ = plan.algorithm(op, buffers)
+    ws = backend.device_workspace(ws_size)
+    name = {FORWARD: "cudnnConvolutionForward", BACKWARD_DATA: "cudnnConvolutionBackwardData",
+            BACKWARD_FILTER: "cudnnConvolutionBackwardFilter"}[op]
+    # every operation takes (alpha, in-desc, in, in-desc, in) before the convolution descriptor
+    # and algorithm, then (beta, out-desc, out) after the workspace
+    pre, post = args[:5], args[5:]
+    call(name, handle(), *pre, plan.conv[op].ptr, algo, _ptr(ws), ws_size, *post)
+
+
+def convolution_forward(layer, bottom, top):
+    """top = conv(bottom, W) + b on cuDNN, for every bottom/top pair (shared weights)."""
+    w = layer.blobs[0].data
+    xp = backend.get_array_module(w)
+    one, zero = _scalars(w.dtype)
+    w = _contiguous(xp, w)
+    for b, t in zip(bottom, top):
+        x = _contiguous(xp, b.data)
+        plan = _plan(layer, x.shape, x.dtype)
+        y = t.data if t.data.flags.c_contiguous else xp.empty_like(t.data)
+        _run(FORWARD, plan, (x, w, y), one, plan.x_desc.ptr, _ptr(x), plan.w_desc.ptr, _ptr(w),
+             zero, plan.y_desc.ptr, _ptr(y))
+        if len(layer.blobs) > 1:
+            bias = _contiguous(xp, layer.blobs[1].data)
+            call("cudnnAddTensor", handle(), one, plan.b_desc.ptr, _ptr(bias), one,
+                 plan.y_desc.ptr, _ptr(y))
+        if y is not t.data:
+            t.data[...] = y
+
+
+def convolution_backward(layer, top, propagate_down, bottom):
+    """Caffe's semantics on cuDNN: weight and bias diffs accumulate (beta = 1), bottom diffs are
+    overwritten (beta = 0)."""
+    w_blob = layer.blobs[0]
+    xp = backend.get_array_module(w_blob.data)
+    one, zero = _scalars(w_blob.data.dtype)
+    want_w = layer.param_propagate_down[0]
+    want_b = len(layer.blobs) > 1 and layer.param_propagate_down[1]
+    w = _contiguous(xp, w_blob.data)
+    for i, (t, b) in enumerate(zip(top, bottom)):
+        want_x = bool(propagate_down[i]) if i < len(propagate_down) else False
+        if not (want_w or want_b or want_x):
+            continue
+        x = _contiguous(xp, b.data)
+        dy = _contiguous(xp, t.diff)
+        plan = _plan(layer, x.shape, x.dtype)
+        if want_b:
+            db = layer.blobs[1].diff
+            acc = db if db.flags.c_contiguous else xp.ascontiguousarray(db)
+            call("cudnnConvolutionBackwardBias", handle(), one, plan.y_desc.ptr, _ptr(dy), one,
+                 plan.b_desc.ptr, _ptr(acc))
+            if acc is not db:
+                db[...] = acc
+        if want_w:
+            dw = w_blob.diff
+            acc = dw if dw.flags.c_contiguous else xp.ascontiguousarray(dw)
+            _run(BACKWARD_FILTER, plan, (x, w, dy), one, plan.x_desc.ptr, _ptr(x),
+                 plan.y_desc.ptr, _ptr(dy), one, plan.w_desc.ptr, _ptr(acc))
+            if acc is not dw:
+                dw[...] = acc
+        if want_x:
+            dx = b.diff if b.diff.flags.c_contiguous else xp.empty_like(x)
+            _run(BACKWARD_DATA, plan, (x, w, dy), one, plan.w_desc.ptr, _ptr(w),
+                 plan.y_desc.ptr, _ptr(dy), zero, plan.x_desc.ptr, _ptr(dx))
+            if dx is not b.diff:
+                b.diff[...] = dx
