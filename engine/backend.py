@@ -197,9 +197,8 @@ def _apply_tf32():
     """Push the TF32 choice into CuPy's cuBLAS GEMM compute type for float32."""
     if not (_cupy_ok and on_gpu()):
         return
-    from cupy._core import _routines_linalg
     code = _CUPY_COMPUTE_TYPE_TF32 if _tf32 else _CUPY_COMPUTE_TYPE_DEFAULT
-    _routines_linalg.set_compute_type(numpy.float32, code)
+    cupy._core._routines_linalg.set_compute_type(numpy.float32, code)
 
 
 # --- what the cuDNN binding needs from CuPy ----------------------------------------------------
@@ -222,3 +221,9 @@ def device_workspace(nbytes):
 def is_device_array(a):
     """True for a CuPy array."""
     return _cupy_ok and isinstance(a, cupy.ndarray)
+
+
+def elementwise_kernel(in_params, out_params, operation, name):
+    """A ``cupy.ElementwiseKernel`` (compiled on first launch, cached by CuPy), so layer modules
+    can fuse a step's arithmetic into one launch without importing cupy themselves."""
+    return cupy.ElementwiseKernel(in_params, out_params, operation, name)
