@@ -197,8 +197,9 @@ def _apply_tf32():
     """Push the TF32 choice into CuPy's cuBLAS GEMM compute type for float32."""
     if not (_cupy_ok and on_gpu()):
         return
+    from cupy._core import _routines_linalg
     code = _CUPY_COMPUTE_TYPE_TF32 if _tf32 else _CUPY_COMPUTE_TYPE_DEFAULT
-    cupy._core._routines_linalg.set_compute_type(numpy.float32, code)
+    _routines_linalg.set_compute_type(numpy.float32, code)
 
 
 # --- what the cuDNN binding needs from CuPy ----------------------------------------------------
