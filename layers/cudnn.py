@@ -23,6 +23,7 @@ the candidates once per shape), ``CAFFE8_CUDNN_WORKSPACE_MB`` (largest workspace
 may use, default 1024).
 """
 import ctypes
+import glob
 import importlib.util
 import os
 import threading
@@ -73,19 +74,24 @@ class AlgoPerf(ctypes.Structure):
 
 
 # --- loading -------------------------------------------------------------------------------------
-def wheel_library_dirs():
-    """``lib`` folders of the installed NVIDIA wheels that can hold libcudnn (``nvidia.cudnn``
-    for the cuDNN wheels; ``nvidia.cu13`` where CUDA 13 wheels share one tree)."""
-    dirs = []
-    for package in ("nvidia.cudnn", "nvidia.cu13"):
+def wheel_library_dirs(roots=None):
+    """``lib`` folders holding libcudnn.so.9 inside the installed NVIDIA wheels (the ``nvidia``
+    namespace package: ``nvidia/cudnn/lib`` for the cuDNN wheels, whatever sibling folder a
+    later layout uses), cuDNN's own folder first. ``roots`` replaces the package's locations."""
+    if roots is None:
         try:
-            spec = importlib.util.find_spec(package)
+            spec = importlib.util.find_spec("nvidia")
         except (ImportError, ValueError):
-            continue
-        for root in (spec.submodule_search_locations or []) if spec else []:
-            lib = os.path.join(root, "lib")
-            if os.path.isdir(lib) and lib not in dirs:
-                dirs.append(lib)
+            spec = None
+        roots = list(spec.submodule_search_locations or []) if spec else []
+    dirs = []
+    for root in roots:
+        found = sorted(glob.glob(os.path.join(root, "*", "lib", LIBRARY_NAME)),
+                       key=lambda f: (os.path.basename(os.path.dirname(os.path.dirname(f)))
+                                      != "cudnn", f))
+        for f in found:
+            if os.path.dirname(f) not in dirs:
+                dirs.append(os.path.dirname(f))
     return dirs
 
 

@@ -172,6 +172,16 @@ def test_cudnn_requested_on_the_cpu_runs_caffe_and_notes_it_once(monkeypatch):
 
 
 # --- the loader ----------------------------------------------------------------------------------------
+def test_wheel_folders_are_found_cudnn_first(tmp_path):
+    for pkg in ("cu13", "cudnn", "cublas"):
+        (tmp_path / pkg / "lib").mkdir(parents=True)
+    (tmp_path / "cu13" / "lib" / "libcudnn.so.9").write_bytes(b"")
+    (tmp_path / "cudnn" / "lib" / "libcudnn.so.9").write_bytes(b"")
+    assert cudnn.wheel_library_dirs([str(tmp_path)]) == [str(tmp_path / "cudnn" / "lib"),
+                                                          str(tmp_path / "cu13" / "lib")]
+    assert cudnn.wheel_library_dirs([str(tmp_path / "cublas")]) == []
+
+
 def test_loader_names_a_missing_explicit_path(tmp_path):
     missing = tmp_path / "nowhere" / "libcudnn.so.9"
     with pytest.raises(cudnn.CudnnUnavailable) as info:
