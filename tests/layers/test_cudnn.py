@@ -300,3 +300,287 @@ def test_conv_geometries_exhaustive_small():
                 f"group: {group}")
         (ref, dev), _ = _gpu_pair((2, 4, 9, 9), body, numpy.float64)
         numpy.testing.assert_allclose(forward(*dev)[0], forward(*ref)[0], rtol=1e-10, atol=1e-10)
+
+
+# --- the binding's call sequence against a host emulation of the cuDNN C API ------------------------
+def _window_slices(offsets, out, stride, dilation):
+    return tuple(slice(o * d, o * d + s * (n - 1) + 1, s)
+                 for o, n, s, d in zip(offsets, out, stride, dilation))
+
+
+class FakeCudnn:
+    """The cuDNN entry points the binding calls, emulated on host memory with direct N-d
+    cross-correlation loops, honouring descriptors, alpha/beta, groups and the math type.
+    Descriptor handles are small integers; data pointers are host addresses."""
+
+    FLOAT_TYPES = {0: (numpy.float32, ctypes.c_float), 1: (numpy.float64, ctypes.c_double)}
+
+    def __init__(self):
+        self.objects, self.next_id = {}, 100
+        self.streams, self.launches, self.algos, self.finds = [], [], [], []
+        self.destroyed = 0
+
+    def __getattr__(self, name):
+        if name.startswith("cudnnDestroy"):
+            return self._destroy
+        if name.startswith("cudnnCreate"):
+            return self._create
+        if name.endswith("MaxCount"):
+            return self._max_count
+        if name.endswith("Algorithm_v7"):
+            return self._heuristic
+        if name.endswith("AlgorithmEx"):
+            return self._find
+        if name.endswith("WorkspaceSize"):
+            return self._workspace_size
+        raise AttributeError(name)
+
+    # handles and descriptors
+    def _create(self, out):
+        self.next_id += 1
+        out._obj.value = self.next_id
+        self.objects[self.next_id] = {}
+        return 0
+
+    def _destroy(self, desc):
+        self.destroyed += 1
+        return 0
+
+    def cudnnSetStream(self, handle, stream):
+        self.streams.append(stream.value)
+        return 0
+
+    def cudnnSetTensorNdDescriptor(self, desc, dtype, n, dims, strides):
+        dims = tuple(dims[:n])
+        assert tuple(strides[:n]) == tuple(s // 8 for s in numpy.zeros(dims).strides)
+        self.objects[desc.value].update(kind="tensor", dtype=dtype, dims=dims)
+        return 0
+
+    def cudnnSetFilterNdDescriptor(self, desc, dtype, fmt, n, dims):
+        assert fmt == cudnn.TENSOR_NCHW
+        self.objects[desc.value].update(kind="filter", dtype=dtype, dims=tuple(dims[:n]))
+        return 0
+
+    def cudnnSetConvolutionNdDescriptor(self, desc, n, pad, stride, dilation, mode, ctype):
+        assert mode == cudnn.CROSS_CORRELATION
+        self.objects[desc.value].update(kind="conv", pad=tuple(pad[:n]),
+                                        stride=tuple(stride[:n]), dilation=tuple(dilation[:n]),
+                                        group=1, math=None, compute=ctype)
+        return 0
+
+    def cudnnSetConvolutionGroupCount(self, desc, group):
+        self.objects[desc.value]["group"] = group
+        return 0
+
+    def cudnnSetConvolutionMathType(self, desc, math):
+        self.objects[desc.value]["math"] = math
+        return 0
+
+    # algorithm queries: for float compute a faster tensor-op candidate first (as on Ampere and
+    # newer), then an FMA one; for double only the FMA one
+    def _max_count(self, handle, count):
+        count._obj.value = 3
+        return 0
+
+    def _heuristic(self, handle, d1, d2, conv, d3, requested, returned, perfs):
+        candidates = [(1, 64, cudnn.FMA_MATH)]
+        if self.objects[conv.value]["compute"] == cudnn.DATA_FLOAT:
+            candidates.insert(0, (7, 0, cudnn.TENSOR_OP_MATH))
+        assert requested >= len(candidates)
+        for p, (algo, memory, math) in zip(perfs, candidates):
+            p.algo, p.status, p.memory, p.mathType = algo, 0, memory, math
+        returned._obj.value = len(candidates)
+        return 0
+
+    def _find(self, handle, d1, p1, d2, p2, conv, d3, out, requested, returned, perfs, ws, wss):
+        self.finds.append((out.value, wss))
+        return self._heuristic(handle, d1, d2, conv, d3, requested, returned, perfs)
+
+    def _workspace_size(self, handle, d1, d2, conv, d3, algo, size):
+        size._obj.value = 96
+        return 0
+
+    # data access
+    def _array(self, desc, ptr):
+        info = self.objects[desc.value]
+        dtype, ctype = self.FLOAT_TYPES[info["dtype"]]
+        count = int(numpy.prod(info["dims"]))
+        return numpy.ctypeslib.as_array((ctype * count).from_address(ptr.value)).reshape(
+            info["dims"])
+
+    @staticmethod
+    def _scalar(ref):
+        return ref._obj.value
+
+    def _geometry(self, conv, x, w):
+        c = self.objects[conv.value]
+        out = tuple((n + 2 * p - (d * (k - 1) + 1)) // s + 1 for n, k, p, s, d in
+                    zip(x.shape[2:], w.shape[2:], c["pad"], c["stride"], c["dilation"]))
+        return c, out
+
+    def _padded(self, x, pad):
+        buf = numpy.zeros(x.shape[:2] + tuple(n + 2 * p for n, p in zip(x.shape[2:], pad)))
+        buf[(slice(None), slice(None)) + tuple(slice(p, p + n) for n, p in
+                                               zip(x.shape[2:], pad))] = x
+        return buf
+
+    def _correlate(self, conv, x, w, dy=None, mode="forward"):
+        """forward: y; data: dx from dy; filter: dw from x, dy (all float64)."""
+        c, out = self._geometry(conv, x, w)
+        g = c["group"]
+        cg, og = w.shape[1], w.shape[0] // g
+        xp_ = self._padded(x.astype(numpy.float64), c["pad"])
+        y = numpy.zeros((x.shape[0], w.shape[0]) + out)
+        dxp = numpy.zeros_like(xp_)
+        dw = numpy.zeros(w.shape)
+        for offsets in itertools.product(*(range(k) for k in w.shape[2:])):
+            win = (slice(None), slice(None)) + _window_slices(offsets, out, c["stride"],
+                                                              c["dilation"])
+            for gi in range(g):
+                cs, os_ = slice(gi * cg, (gi + 1) * cg), slice(gi * og, (gi + 1) * og)
+                wk = w[(os_, slice(None)) + offsets].astype(numpy.float64)
+                xs = xp_[win][:, cs]
+                if mode == "forward":
+                    y[:, os_] += numpy.einsum("nc...,oc->no...", xs, wk)
+                elif mode == "data":  # basic slices: the += writes through the view
+                    dxp[win][:, cs] += numpy.einsum("no...,oc->nc...", dy[:, os_], wk)
+                else:
+                    n = xs.shape[0]
+                    dw[(os_, slice(None)) + offsets] += numpy.einsum(
+                        "ncp,nop->oc", xs.reshape(n, cg, -1), dy[:, os_].reshape(n, og, -1))
+        if mode == "forward":
+            return y
+        if mode == "data":
+            return dxp[(slice(None), slice(None)) + tuple(slice(p, p + n) for n, p in
+                                                          zip(x.shape[2:], c["pad"]))]
+        return dw
+
+    def _record(self, op, conv, algo, wss):
+        self.launches.append(op)
+        self.algos.append((op, algo, self.objects[conv.value]["math"], wss))
+
+    def cudnnConvolutionForward(self, h, alpha, xd, x, wd, w, conv, algo, ws, wss, beta, yd, y):
+        self._record("forward", conv, algo, wss)
+        xa, wa, ya = self._array(xd, x), self._array(wd, w), self._array(yd, y)
+        ya[...] = self._scalar(alpha) * self._correlate(conv, xa, wa) + self._scalar(beta) * ya
+        return 0
+
+    def cudnnConvolutionBackwardData(self, h, alpha, wd, w, dyd, dy, conv, algo, ws, wss, beta,
+                                     dxd, dx):
+        self._record("backward_data", conv, algo, wss)
+        wa, dya, dxa = self._array(wd, w), self._array(dyd, dy), self._array(dxd, dx)
+        grad = self._correlate(conv, dxa, wa, dya.astype(numpy.float64), "data")
+        dxa[...] = self._scalar(alpha) * grad + self._scalar(beta) * dxa
+        return 0
+
+    def cudnnConvolutionBackwardFilter(self, h, alpha, xd, x, dyd, dy, conv, algo, ws, wss,
+                                       beta, dwd, dw):
+        self._record("backward_filter", conv, algo, wss)
+        xa, dya, dwa = self._array(xd, x), self._array(dyd, dy), self._array(dwd, dw)
+        grad = self._correlate(conv, xa, dwa, dya.astype(numpy.float64), "filter")
+        dwa[...] = self._scalar(alpha) * grad + self._scalar(beta) * dwa
+        return 0
+
+    def cudnnConvolutionBackwardBias(self, h, alpha, dyd, dy, beta, dbd, db):
+        self.launches.append("backward_bias")
+        dya, dba = self._array(dyd, dy), self._array(dbd, db)
+        axes = (0,) + tuple(range(2, dya.ndim))
+        dba[...] = self._scalar(alpha) * dya.sum(axis=axes, keepdims=True) + \
+            self._scalar(beta) * dba
+        return 0
+
+    def cudnnAddTensor(self, h, alpha, ad, a, beta, cd, c):
+        self.launches.append("bias")
+        aa, ca = self._array(ad, a), self._array(cd, c)
+        ca[...] = self._scalar(alpha) * aa + self._scalar(beta) * ca
+        return 0
+
+
+@pytest.fixture
+def fake_cudnn(monkeypatch):
+    fake = FakeCudnn()
+    monkeypatch.setattr(cudnn, "library", lambda: fake)
+    monkeypatch.setattr(cudnn, "_lib", fake)
+    monkeypatch.setattr(cudnn, "algorithms", cudnn.AlgorithmCache(cudnn._search))
+    monkeypatch.setattr(cudnn, "_handles", __import__("threading").local())
+    monkeypatch.setattr(cudnn, "_ptr", lambda a: ctypes.c_void_p(a.ctypes.data))
+    monkeypatch.setattr(backend, "is_device_array", lambda a: True)
+    monkeypatch.setattr(backend, "cuda_device_id", lambda: 0)
+    monkeypatch.setattr(backend, "cuda_stream_ptr", lambda: 4242)
+    monkeypatch.setattr(backend, "device_workspace", lambda n: numpy.empty(max(n, 1), numpy.uint8))
+    monkeypatch.setattr(backend, "_tf32", False)
+    return fake
+
+
+@pytest.mark.parametrize("shape,body", GPU_CASES)
+def test_binding_calls_match_the_caffe_engine_on_an_emulated_library(fake_cudnn, shape, body):
+    """The binding's descriptors, argument order, alpha/beta and accumulation, run against a
+    host emulation of the C API: the CUDNN engine gives the CAFFE engine's results."""
+    rng = numpy.random.default_rng(len(shape) * 7 + len(body))
+    x = rng.standard_normal(shape)
+    runs = []
+    for engine in ("CAFFE", "CUDNN"):
+        layer, bottom, top = build(conv_text(body, engine), [x])
+        set_params(layer, seed=2)
+        assert cudnn.wants(layer, bottom[0].data) == (engine == "CUDNN")
+        y = forward(layer, bottom, top)[0].copy()
+        top[0].diff[...] = numpy.random.default_rng(9).standard_normal(top[0].shape)
+        for p in layer.blobs:
+            p.diff[...] = 0.5
+        layer.backward(top, [True], bottom)
+        layer.backward(top, [True], bottom)
+        runs.append([y, bottom[0].diff.copy()] + [p.diff.copy() for p in layer.blobs])
+    for got, want in zip(runs[1], runs[0]):
+        numpy.testing.assert_allclose(got, want, rtol=1e-11, atol=1e-11)
+    has_bias = "bias_term: false" not in body
+    assert fake_cudnn.launches[:2] == ["forward", "bias"] if has_bias else \
+        fake_cudnn.launches[:1] == ["forward"]
+    per_backward = ["backward_bias"] * has_bias + ["backward_filter", "backward_data"]
+    assert fake_cudnn.launches[1 + has_bias:] == per_backward * 2
+    assert set(fake_cudnn.streams) == {4242}
+    assert cudnn.algorithms.misses == 3  # one search per operation for this one shape
+    # float64: the FMA candidate, its own workspace size, the descriptor retuned to its math
+    assert {a[1:] for a in fake_cudnn.algos} == {(1, cudnn.FMA_MATH, 96)}
+
+
+def test_tf32_switch_gives_a_new_search_and_keeps_fp32_math_off(fake_cudnn, monkeypatch):
+    x = numpy.random.default_rng(4).standard_normal((2, 2, 5, 5)).astype(numpy.float32)
+    layer, bottom, top = build(conv_text("num_output: 3 kernel_size: 3", "CUDNN"), [x],
+                               dtype=numpy.float32)
+    set_params(layer)
+    got = forward(layer, bottom, top)[0]
+    forward(layer, bottom, top)
+    assert cudnn.algorithms.misses == 1
+    want = naive.conv_forward(x.astype(numpy.float64), layer.blobs[0].data.astype(numpy.float64),
+                              layer.blobs[1].data, (1, 1), (0, 0), (1, 1), 1)
+    numpy.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    assert fake_cudnn.algos == [("forward", 1, cudnn.FMA_MATH, 96)] * 2  # no TF32 by default
+    monkeypatch.setattr(backend, "_tf32", True)
+    forward(layer, bottom, top)
+    assert cudnn.algorithms.misses == 2
+    assert fake_cudnn.algos[-1] == ("forward", 7, cudnn.TENSOR_OP_MATH, 96)
+    monkeypatch.setattr(backend, "_tf32", False)
+    forward(layer, bottom, top)
+    assert cudnn.algorithms.misses == 2  # back to the cached fp32 choice
+    assert fake_cudnn.algos[-1] == ("forward", 1, cudnn.FMA_MATH, 96)
+
+
+def test_find_mode_times_candidates_on_scratch_outputs(fake_cudnn, monkeypatch):
+    monkeypatch.setenv(cudnn.ALGO_ENV, "find")
+    monkeypatch.setenv(cudnn.WORKSPACE_ENV, "2")
+    rng = numpy.random.default_rng(8)
+    x = rng.standard_normal((2, 4, 6, 6))
+    layer, bottom, top = build(conv_text("num_output: 4 kernel_size: 3 group: 2", "CUDNN"), [x])
+    set_params(layer)
+    ref, rbottom, rtop = build(conv_text("num_output: 4 kernel_size: 3 group: 2", "CAFFE"), [x])
+    set_params(ref)
+    numpy.testing.assert_allclose(forward(layer, bottom, top)[0], forward(ref, rbottom, rtop)[0],
+                                  rtol=1e-12, atol=1e-12)
+    for lay, bot, tp in ((layer, bottom, top), (ref, rbottom, rtop)):
+        tp[0].diff[...] = 1.0
+        lay.backward(tp, [True], bot)
+    for a, b in zip([bottom[0]] + layer.blobs, [rbottom[0]] + ref.blobs):
+        numpy.testing.assert_allclose(a.diff, b.diff, rtol=1e-12, atol=1e-12)
+    real = {top[0].data.ctypes.data, bottom[0].diff.ctypes.data, layer.blobs[0].diff.ctypes.data}
+    assert len(fake_cudnn.finds) == 3 and cudnn.algorithms.misses == 3
+    assert all(out not in real and wss == 2 << 20 for out, wss in fake_cudnn.finds)
