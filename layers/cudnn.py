@@ -495,16 +495,18 @@ def _search(op, geometry, dtype, tf32, mode, plan, buffers):
         x, w, y = buffers
         xp = backend.get_array_module(x)
         ws = backend.device_workspace(limit)
+        scratch = xp.empty_like({FORWARD: y, BACKWARD_DATA: x, BACKWARD_FILTER: w}[op])
         if op == FORWARD:
             args = (plan.x_desc.ptr, _ptr(x), plan.w_desc.ptr, _ptr(w), conv.ptr,
-                    plan.y_desc.ptr, _ptr(xp.empty_like(y)))
+                    plan.y_desc.ptr, _ptr(scratch))
         elif op == BACKWARD_DATA:
             args = (plan.w_desc.ptr, _ptr(w), plan.y_desc.ptr, _ptr(y), conv.ptr,
-                    plan.x_desc.ptr, _ptr(xp.empty_like(x)))
+                    plan.x_desc.ptr, _ptr(scratch))
         else:
             args = (plan.x_desc.ptr, _ptr(x), plan.y_desc.ptr, _ptr(y), conv.ptr,
-                    plan.w_desc.ptr, _ptr(xp.empty_like(w)))
+                    plan.w_desc.ptr, _ptr(scratch))
         call(_FIND[op], h, *args, len(perfs), ctypes.byref(returned), perfs, _ptr(ws), limit)
+        del scratch, ws  # (kept alive through the call: the benchmark writes into them)
     else:
         call(_HEURISTIC[op], h, *_descriptor_args(op, plan, conv), len(perfs),
              ctypes.byref(returned), perfs)
