@@ -1,4 +1,4 @@
-"""cuDNN convolution for the Convolution layer (Caffe's ``CuDNNConvolutionLayer``), via ctypes.
+"""cuDNN for the Convolution layer (Caffe's ``CuDNNConvolutionLayer``) and AVE Pooling, via ctypes.
 
 CuPy 14 no longer binds cuDNN, so this module calls the cuDNN C API of ``libcudnn.so.9`` (the
 ``nvidia-cudnn-cu13`` wheel, or a system install) through ctypes, as CuPy's own binding did.
@@ -16,6 +16,11 @@ Per call nothing is synchronised with the host: descriptors and the algorithm of
 (shape, dtype, geometry, TF32 setting, device) are made once and cached; workspaces come from
 CuPy's memory pool (stream-ordered, so freeing one right after the launch is safe); the cuDNN
 handle (one per thread and device) is bound to CuPy's current stream before every launch.
+
+Pooling follows Caffe's factory too (cuDNN for a single top and never for MAX, whose argmax
+bookkeeping Caffe keeps), and only where cuDNN computes exactly Caffe's average: cuDNN divides
+by the full window and sizes its output by floor, Caffe divides ceil-mode windows that overhang
+H + pad by their clipped size, so a shape whose last window overhangs stays on the CAFFE path.
 
 Environment: ``CAFFE8_CUDNN_LIBRARY`` (path of libcudnn.so.9, overriding the search),
 ``CAFFE8_CUDNN_ALGO`` (``heuristic``, the default, as Caffe's cuDNN layer; or ``find`` to time
@@ -54,6 +59,8 @@ DATA_FLOAT, DATA_DOUBLE, DATA_HALF = 0, 1, 2
 TENSOR_NCHW = 0
 CROSS_CORRELATION = 1
 DEFAULT_MATH, TENSOR_OP_MATH, TENSOR_OP_MATH_ALLOW_CONVERSION, FMA_MATH = 0, 1, 2, 3
+POOLING_AVERAGE_COUNT_INCLUDE_PADDING = 1
+NOT_PROPAGATE_NAN = 0
 
 FORWARD, BACKWARD_DATA, BACKWARD_FILTER = "forward", "backward_data", "backward_filter"
 
@@ -168,6 +175,10 @@ _SIGNATURES = {
     "cudnnConvolutionBackwardFilter": [_P, _P, _P, _P, _P, _P, _P, _I, _P, _SZ, _P, _P, _P],
     "cudnnConvolutionBackwardBias": [_P, _P, _P, _P, _P, _P, _P],
     "cudnnAddTensor": [_P, _P, _P, _P, _P, _P, _P],
+    "cudnnCreatePoolingDescriptor": [_PP], "cudnnDestroyPoolingDescriptor": [_P],
+    "cudnnSetPoolingNdDescriptor": [_P, _I, _I, _I, _PI, _PI, _PI],
+    "cudnnPoolingForward": [_P, _P, _P, _P, _P, _P, _P, _P],
+    "cudnnPoolingBackward": [_P, _P, _P, _P, _P, _P, _P, _P, _P, _P, _P, _P],
 }
 
 
@@ -648,3 +659,108 @@ def convolution_backward(layer, top, propagate_down, bottom):
                  plan.y_desc.ptr, _ptr(dy), zero, plan.x_desc.ptr, _ptr(dx))
             if dx is not b.diff:
                 b.diff[...] = dx
+
+
+# --- pooling (AVE, single top) ----------------------------------------------------------------------
+class PoolingDescriptor(_Descriptor):
+    _create, _destroy = "cudnnCreatePoolingDescriptor", "cudnnDestroyPoolingDescriptor"
+
+    def __init__(self, kernel, pad, stride):
+        super().__init__()
+        call("cudnnSetPoolingNdDescriptor", self.ptr, POOLING_AVERAGE_COUNT_INCLUDE_PADDING,
+             NOT_PROPAGATE_NAN, len(kernel), _ints(kernel), _ints(pad), _ints(stride))
+
+
+def pooling_matches_caffe(size, kernel, pad, stride, out):
+    """True when no window of Caffe's (ceil-mode) output overhangs the padded input on any axis,
+    so every Caffe divisor is the full kernel and cuDNN's floor-mode output size is the same."""
+    return all((o - 1) * st + k <= n + 2 * q
+               for n, k, q, st, o in zip(size, kernel, pad, stride, out))
+
+
+def choose_pooling_engine(requested, method, n_top, on_device, dtype, lib_error=None):
+    """``(engine, note)`` for a Pooling layer, as Caffe's factory: CAFFE for MAX and STOCHASTIC
+    (silently: Caffe keeps MAX for its argmax bookkeeping) and for two tops; else as convolution."""
+    if requested == "CAFFE" or method != "AVE":
+        return "CAFFE", None
+    if n_top > 1:
+        return "CAFFE", ("cuDNN pooling has a single top; Pooling layers with two tops use the "
+                         "CAFFE engine") if requested == "CUDNN" else None
+    if not on_device:
+        return "CAFFE", NOTE_CPU.replace("convolution_param", "pooling_param").replace(
+            "Convolution layers", "Pooling layers") if requested == "CUDNN" else None
+    if lib_error is not None:
+        return "CAFFE", f"cuDNN unavailable, Pooling layers use the CAFFE engine: {lib_error}"
+    if data_type(dtype) is None:
+        return "CAFFE", None
+    return "CUDNN", None
+
+
+_pool_engine_of = weakref.WeakKeyDictionary()
+
+
+def pooling_wants(layer, array, n_top):
+    """True when this forward/backward of ``layer`` (a PoolingLayer, after its reshape) on the
+    bottom data ``array`` runs on cuDNN: the engine is decided once per layer and array module,
+    the exactness per shape."""
+    on_device = backend.is_device_array(array)
+    chosen = _pool_engine_of.setdefault(layer, {})
+    engine = chosen.get(on_device)
+    if engine is None:
+        requested = layer.layer_param.pooling_param.engine
+        lib_error = (library_error() if on_device and requested != "CAFFE"
+                     and layer.method == "AVE" else None)
+        engine, note = choose_pooling_engine(requested, layer.method, n_top, on_device,
+                                             array.dtype, lib_error)
+        if note:
+            backend.note_once(note)
+        chosen[on_device] = engine
+    return engine == "CUDNN" and pooling_matches_caffe(
+        array.shape[2:], layer.k, layer.pad, layer.stride, layer.out)
+
+
+class _PoolPlan:
+    def __init__(self, x_shape, y_shape, dtype, kernel, pad, stride):
+        self.x_desc = TensorDescriptor(x_shape, dtype)
+        self.y_desc = TensorDescriptor(y_shape, dtype)
+        self.pool = PoolingDescriptor(kernel, pad, stride)
+
+
+_pool_plans = weakref.WeakKeyDictionary()
+
+
+def _pool_plan(layer, x, y):
+    per_layer = _pool_plans.setdefault(layer, {})
+    key = (tuple(x.shape), tuple(layer.k), tuple(layer.pad), tuple(layer.stride),
+           numpy.dtype(x.dtype).str)
+    plan = per_layer.get(key)
+    if plan is None:
+        plan = per_layer[key] = _PoolPlan(x.shape, y.shape, x.dtype, layer.k, layer.pad,
+                                          layer.stride)
+    return plan
+
+
+def pooling_forward(layer, bottom, top):
+    """top = average over each (padded) window, on cuDNN."""
+    x = bottom[0].data
+    xp = backend.get_array_module(x)
+    x = _contiguous(xp, x)
+    y = top[0].data
+    one, zero = _scalars(x.dtype)
+    plan = _pool_plan(layer, x, y)
+    call("cudnnPoolingForward", handle(), plan.pool.ptr, one, plan.x_desc.ptr, _ptr(x), zero,
+         plan.y_desc.ptr, _ptr(y))
+
+
+def pooling_backward(layer, top, propagate_down, bottom):
+    """bottom diff = each window's top diff spread evenly over the window (overwritten)."""
+    if not propagate_down[0]:
+        return
+    xp = backend.get_array_module(top[0].diff)
+    x, y = _contiguous(xp, bottom[0].data), _contiguous(xp, top[0].data)
+    dy = _contiguous(xp, top[0].diff)
+    dx = bottom[0].diff
+    one, zero = _scalars(x.dtype)
+    plan = _pool_plan(layer, x, y)
+    call("cudnnPoolingBackward", handle(), plan.pool.ptr, one, plan.y_desc.ptr, _ptr(y),
+         plan.y_desc.ptr, _ptr(dy), plan.x_desc.ptr, _ptr(x), zero, plan.x_desc.ptr, _ptr(dx))
