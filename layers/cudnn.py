@@ -1,4 +1,4 @@
-"""cuDNN for the Convolution layer (Caffe's ``CuDNNConvolutionLayer``) and AVE Pooling, via ctypes.
+"""cuDNN for Convolution (Caffe's ``CuDNNConvolutionLayer``), AVE Pooling and LRN, via ctypes.
 
 CuPy 14 no longer binds cuDNN, so this module calls the cuDNN C API of ``libcudnn.so.9`` (the
 ``nvidia-cudnn-cu13`` wheel, or a system install) through ctypes, as CuPy's own binding did.
@@ -21,6 +21,8 @@ Pooling follows Caffe's factory too (cuDNN for a single top and never for MAX, w
 bookkeeping Caffe keeps), and only where cuDNN computes exactly Caffe's average: cuDNN divides
 by the full window and sizes its output by floor, Caffe divides ceil-mode windows that overhang
 H + pad by their clipped size, so a shape whose last window overhangs stays on the CAFFE path.
+LRN as Caffe's factory: ACROSS_CHANNELS with local_size within cuDNN's limit (cuDNN's
+normalisation k + alpha/n * sum x^2 is Caffe's); WITHIN_CHANNEL stays on the CAFFE path.
 
 Environment: ``CAFFE8_CUDNN_LIBRARY`` (path of libcudnn.so.9, overriding the search),
 ``CAFFE8_CUDNN_ALGO`` (``heuristic``, the default, as Caffe's cuDNN layer; or ``find`` to time
@@ -33,6 +35,7 @@ import importlib.util
 import os
 import threading
 import weakref
+from types import SimpleNamespace
 
 import numpy
 
@@ -61,6 +64,9 @@ CROSS_CORRELATION = 1
 DEFAULT_MATH, TENSOR_OP_MATH, TENSOR_OP_MATH_ALLOW_CONVERSION, FMA_MATH = 0, 1, 2, 3
 POOLING_AVERAGE_COUNT_INCLUDE_PADDING = 1
 NOT_PROPAGATE_NAN = 0
+LRN_CROSS_CHANNEL_DIM1 = 0
+#: cuDNN's LRN limits (CUDNN_LRN_MAX_N, CUDNN_LRN_MIN_K, CUDNN_LRN_MIN_BETA)
+LRN_MAX_N, LRN_MIN_K, LRN_MIN_BETA = 16, 1e-5, 0.01
 
 FORWARD, BACKWARD_DATA, BACKWARD_FILTER = "forward", "backward_data", "backward_filter"
 
@@ -179,6 +185,11 @@ _SIGNATURES = {
     "cudnnSetPoolingNdDescriptor": [_P, _I, _I, _I, _PI, _PI, _PI],
     "cudnnPoolingForward": [_P, _P, _P, _P, _P, _P, _P, _P],
     "cudnnPoolingBackward": [_P, _P, _P, _P, _P, _P, _P, _P, _P, _P, _P, _P],
+    "cudnnCreateLRNDescriptor": [_PP], "cudnnDestroyLRNDescriptor": [_P],
+    "cudnnSetLRNDescriptor": [_P, ctypes.c_uint, ctypes.c_double, ctypes.c_double,
+                              ctypes.c_double],
+    "cudnnLRNCrossChannelForward": [_P, _P, _I, _P, _P, _P, _P, _P, _P],
+    "cudnnLRNCrossChannelBackward": [_P, _P, _I, _P, _P, _P, _P, _P, _P, _P, _P, _P, _P],
 }
 
 
@@ -764,3 +775,90 @@ def pooling_backward(layer, top, propagate_down, bottom):
     plan = _pool_plan(layer, x, y)
     call("cudnnPoolingBackward", handle(), plan.pool.ptr, one, plan.y_desc.ptr, _ptr(y),
          plan.y_desc.ptr, _ptr(dy), plan.x_desc.ptr, _ptr(x), zero, plan.x_desc.ptr, _ptr(dx))
+
+
+# --- LRN (ACROSS_CHANNELS) ---------------------------------------------------------------------------
+class LRNDescriptor(_Descriptor):
+    _create, _destroy = "cudnnCreateLRNDescriptor", "cudnnDestroyLRNDescriptor"
+
+    def __init__(self, size, alpha, beta, k):
+        super().__init__()
+        call("cudnnSetLRNDescriptor", self.ptr, int(size), float(alpha), float(beta), float(k))
+
+
+def choose_lrn_engine(requested, region, size, k, beta, on_device, dtype, lib_error=None):
+    """``(engine, note)`` for an LRN layer: cuDNN for ACROSS_CHANNELS within cuDNN's limits
+    (Caffe's factory keeps larger windows on its own layer), CAFFE otherwise."""
+    if requested == "CAFFE":
+        return "CAFFE", None
+    explicit = requested == "CUDNN"
+    if region != "ACROSS_CHANNELS":
+        return "CAFFE", ("cuDNN LRN covers ACROSS_CHANNELS only; WITHIN_CHANNEL LRN uses the "
+                         "CAFFE engine") if explicit else None
+    if not on_device:
+        return "CAFFE", NOTE_CPU.replace("convolution_param", "lrn_param").replace(
+            "Convolution layers", "LRN layers") if explicit else None
+    if lib_error is not None:
+        return "CAFFE", f"cuDNN unavailable, LRN layers use the CAFFE engine: {lib_error}"
+    if size > LRN_MAX_N or k < LRN_MIN_K or beta < LRN_MIN_BETA or data_type(dtype) is None:
+        return "CAFFE", (f"LRN local_size {size}, k {k:g}, beta {beta:g} are outside cuDNN's "
+                         f"limits; using the CAFFE engine") if explicit else None
+    return "CUDNN", None
+
+
+_lrn_engine_of = weakref.WeakKeyDictionary()
+
+
+def lrn_wants(layer, array):
+    """True when ``layer`` (an LRNLayer) runs on cuDNN for ``array``'s module (decided once)."""
+    on_device = backend.is_device_array(array)
+    chosen = _lrn_engine_of.setdefault(layer, {})
+    engine = chosen.get(on_device)
+    if engine is None:
+        p = layer.layer_param.lrn_param
+        lib_error = library_error() if on_device and p.engine != "CAFFE" else None
+        engine, note = choose_lrn_engine(p.engine, p.norm_region, p.local_size, p.k, p.beta,
+                                         on_device, array.dtype, lib_error)
+        if note:
+            backend.note_once(note)
+        chosen[on_device] = engine
+    return engine == "CUDNN"
+
+
+_lrn_plans = weakref.WeakKeyDictionary()
+
+
+def _lrn_plan(layer, x):
+    per_layer = _lrn_plans.setdefault(layer, {})
+    key = (tuple(x.shape), numpy.dtype(x.dtype).str)
+    plan = per_layer.get(key)
+    if plan is None:
+        p = layer.layer_param.lrn_param
+        plan = per_layer[key] = SimpleNamespace(
+            desc=TensorDescriptor(x.shape, x.dtype),
+            lrn=LRNDescriptor(p.local_size, p.alpha, p.beta, p.k))
+    return plan
+
+
+def lrn_forward(layer, bottom, top):
+    """y = x / (k + alpha/n * sum over n neighbouring channels of x^2)^beta, on cuDNN."""
+    xp = backend.get_array_module(bottom[0].data)
+    x, y = _contiguous(xp, bottom[0].data), top[0].data
+    one, zero = _scalars(x.dtype)
+    plan = _lrn_plan(layer, x)
+    call("cudnnLRNCrossChannelForward", handle(), plan.lrn.ptr, LRN_CROSS_CHANNEL_DIM1, one,
+         plan.desc.ptr, _ptr(x), zero, plan.desc.ptr, _ptr(y))
+
+
+def lrn_backward(layer, top, propagate_down, bottom):
+    """The exact LRN gradient (bottom diff overwritten), on cuDNN."""
+    if not propagate_down[0]:
+        return
+    xp = backend.get_array_module(bottom[0].data)
+    x, y = _contiguous(xp, bottom[0].data), _contiguous(xp, top[0].data)
+    dy = _contiguous(xp, top[0].diff)
+    one, zero = _scalars(x.dtype)
+    plan = _lrn_plan(layer, x)
+    call("cudnnLRNCrossChannelBackward", handle(), plan.lrn.ptr, LRN_CROSS_CHANNEL_DIM1, one,
+         plan.desc.ptr, _ptr(y), plan.desc.ptr, _ptr(dy), plan.desc.ptr, _ptr(x), zero,
+         plan.desc.ptr, _ptr(bottom[0].diff))
