@@ -96,6 +96,23 @@ def test_loss_stays_an_array_until_read_and_net_loss_is_a_float():
     assert type(net.forward_backward(as_float=False)) is not float
 
 
+@pytest.mark.gpu
+def test_loss_stays_on_the_device_until_read():
+    from engine import backend
+    text = DATA + linear("a", "x", "y", extra="loss_weight: 0.5") + halfsq("l", "y")
+    host = build(text, dtype=numpy.float64)
+    want = host.forward_loss()
+    backend.use_gpu()
+    try:
+        net = build(text, dtype=numpy.float64)
+        net.flat_data[...] = backend.to_device(host.flat_data, like=net.flat_data)
+        lazy = net.forward_loss(as_float=False)
+        assert isinstance(lazy, backend.cupy.ndarray) and lazy.shape == ()
+        assert type(net.loss) is float and net.loss == pytest.approx(want, rel=1e-12)
+    finally:
+        backend.use_cpu()
+
+
 def test_param_diffs_accumulate_over_backward_calls():
     net = build(DATA + linear("a", "x", "y") + halfsq("l", "y"), dtype=numpy.float64)
     net.forward_backward()
