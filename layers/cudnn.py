@@ -136,7 +136,11 @@ def load_library(path=None, search_dirs=None, system=True):
         except OSError as e:
             tried.append(f"{candidate} ({e})")
             continue
-        _declare(lib)
+        try:
+            _declare(lib)
+        except AttributeError as e:  # not a cuDNN, or one without the legacy convolution API
+            tried.append(f"{candidate} (missing symbol: {e})")
+            continue
         version = int(lib.cudnnGetVersion())
         if version < MIN_VERSION:
             tried.append(f"{candidate} (version {version}; cuDNN 8 or newer is needed)")

@@ -204,6 +204,15 @@ def test_loader_reports_every_place_it_searched(tmp_path, monkeypatch):
     assert f"set {cudnn.LIBRARY_ENV}" in text
 
 
+def test_loader_refuses_a_library_that_is_not_cudnn():
+    import ctypes.util
+    libm = ctypes.util.find_library("m")
+    if libm is None:
+        pytest.skip("no C math library to stand in for a wrong library")
+    with pytest.raises(cudnn.CudnnUnavailable, match="missing symbol"):
+        cudnn.load_library(path=libm)
+
+
 def test_loader_honours_the_environment_variable(tmp_path, monkeypatch):
     monkeypatch.setenv(cudnn.LIBRARY_ENV, str(tmp_path / "custom.so"))
     with pytest.raises(cudnn.CudnnUnavailable) as info:
