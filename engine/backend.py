@@ -189,7 +189,8 @@ def set_tf32(enabled):
     _apply_tf32()
     if _tf32:
         return ("TF32 enabled: float32 GEMMs (cuBLAS) and cuDNN convolutions may round their "
-                "inputs to 10 mantissa bits (faster on Ampere and newer; not Caffe's fp32 numerics)")
+                "inputs to 10 mantissa bits (faster on Ampere and newer; not Caffe's fp32 "
+                "numerics)")
     return "TF32 disabled: float32 GEMMs and convolutions use full fp32 math"
 
 

@@ -1,28 +1,17 @@
-"""cuDNN for Convolution (Caffe's ``CuDNNConvolutionLayer``), AVE Pooling and LRN, via ctypes.
+"""The cuDNN binding: library loading, descriptors and the convolution algorithm cache (ctypes).
 
 CuPy 14 no longer binds cuDNN, so this module calls the cuDNN C API of ``libcudnn.so.9`` (the
 ``nvidia-cudnn-cu13`` wheel, or a system install) through ctypes, as CuPy's own binding did.
-Only the legacy convolution API is used (``cudnn_graph``/``cudnn_ops``/``cudnn_cnn`` headers):
-tensor, filter and convolution descriptors, ``cudnnGet*Algorithm_v7`` heuristics (or, opt-in,
-``cudnnFind*AlgorithmEx`` benchmarks), forward, backward-data, backward-filter, backward-bias
-and ``cudnnAddTensor`` for the bias. docs/ARCHITECTURE.md ("GPU path: cuDNN") gives the reasons.
+Only the legacy API is used (``cudnn_graph``/``cudnn_ops``/``cudnn_cnn`` headers): tensor,
+filter, convolution, pooling and LRN descriptors, ``cudnnGet*Algorithm_v7`` heuristics (or,
+opt-in, ``cudnnFind*AlgorithmEx`` benchmarks). docs/ARCHITECTURE.md ("GPU path") gives the
+reasons. The layers that run on it: ``layers.cudnn_conv``, ``layers.cudnn_pooling``,
+``layers.cudnn_lrn``; each picks its engine as Caffe's layer factory does (``engine_for``).
 
-Engine choice (Caffe's layer factory): ``convolution_param.engine`` DEFAULT means cuDNN when the
-arrays are CuPy arrays and the library loads, else the im2col + GEMM path of ``layers.conv``
-(CAFFE, also the test reference). CUDNN asked for where it cannot run (CPU arrays, no library,
-more than 3 spatial axes, an unsupported dtype) falls back to CAFFE with a one-time log note.
-
-Per call nothing is synchronised with the host: descriptors and the algorithm of each
+Nothing here synchronises with the host per call: descriptors and the algorithm of each
 (shape, dtype, geometry, TF32 setting, device) are made once and cached; workspaces come from
 CuPy's memory pool (stream-ordered, so freeing one right after the launch is safe); the cuDNN
 handle (one per thread and device) is bound to CuPy's current stream before every launch.
-
-Pooling follows Caffe's factory too (cuDNN for a single top and never for MAX, whose argmax
-bookkeeping Caffe keeps), and only where cuDNN computes exactly Caffe's average: cuDNN divides
-by the full window and sizes its output by floor, Caffe divides ceil-mode windows that overhang
-H + pad by their clipped size, so a shape whose last window overhangs stays on the CAFFE path.
-LRN as Caffe's factory: ACROSS_CHANNELS with local_size within cuDNN's limit (cuDNN's
-normalisation k + alpha/n * sum x^2 is Caffe's); WITHIN_CHANNEL stays on the CAFFE path.
 
 Environment: ``CAFFE8_CUDNN_LIBRARY`` (path of libcudnn.so.9, overriding the search),
 ``CAFFE8_CUDNN_ALGO`` (``heuristic``, the default, as Caffe's cuDNN layer; or ``find`` to time
@@ -34,8 +23,6 @@ import glob
 import importlib.util
 import os
 import threading
-import weakref
-from types import SimpleNamespace
 
 import numpy
 
@@ -153,7 +140,8 @@ def load_library(path=None, search_dirs=None, system=True):
 
 
 _P, _I, _SZ = ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t
-_PI, _PSZ, _PPERF = ctypes.POINTER(ctypes.c_int), ctypes.POINTER(ctypes.c_size_t), ctypes.POINTER(AlgoPerf)
+_PI, _PSZ = ctypes.POINTER(ctypes.c_int), ctypes.POINTER(ctypes.c_size_t)
+_PPERF = ctypes.POINTER(AlgoPerf)
 _PP = ctypes.POINTER(ctypes.c_void_p)
 #: name -> argument types; every function returns cudnnStatus_t (int)
 _SIGNATURES = {
@@ -348,57 +336,7 @@ class AlgorithmCache:
         return len(self._chosen)
 
 
-# --- engine selection ------------------------------------------------------------------------------
-NOTE_CPU = ("convolution_param.engine CUDNN needs CuPy arrays on a GPU; this run is on the CPU, "
-            "so Convolution layers use the CAFFE engine (im2col + GEMM)")
-
-
-def choose_engine(requested, on_device, num_spatial, dtype, lib_error=None):
-    """``(engine, note)``: "CUDNN" or "CAFFE", and the line to log once when a request for
-    cuDNN cannot be honoured (None when nothing needs saying). ``lib_error`` is
-    ``library_error()``, only consulted for device arrays."""
-    if requested == "CAFFE":
-        return "CAFFE", None
-    explicit = requested == "CUDNN"
-    if not on_device:
-        return "CAFFE", NOTE_CPU if explicit else None
-    if lib_error is not None:
-        return "CAFFE", f"cuDNN unavailable, Convolution layers use the CAFFE engine: {lib_error}"
-    if not 1 <= num_spatial <= 3:
-        return "CAFFE", (f"cuDNN convolutions take 1 to 3 spatial axes; a {num_spatial}-axis "
-                         f"Convolution uses the CAFFE engine") if explicit else None
-    if data_type(dtype) is None:
-        return "CAFFE", (f"cuDNN has no {numpy.dtype(dtype)} convolution; using the CAFFE "
-                         f"engine") if explicit else None
-    return "CUDNN", None
-
-
-_engine_of = weakref.WeakKeyDictionary()
-
-
-def wants(layer, array):
-    """True when ``layer`` (a ConvolutionLayer) should run on cuDNN for ``array``'s module.
-    Decided once per layer and array module; the library is only loaded for device arrays."""
-    on_device = backend.is_device_array(array)
-    chosen = _engine_of.setdefault(layer, {})
-    engine = chosen.get(on_device)
-    if engine is None:
-        requested = layer.layer_param.convolution_param.engine
-        lib_error = library_error() if on_device and requested != "CAFFE" else None
-        engine, note = choose_engine(requested, on_device, layer.num_spatial, array.dtype,
-                                     lib_error)
-        if engine == "CUDNN":
-            try:  # a library that loads but cannot start on this driver/device
-                handle()
-            except CudnnError as e:
-                engine, note = "CAFFE", f"cuDNN could not start, using the CAFFE engine: {e}"
-        if note:
-            backend.note_once(note)
-        chosen[on_device] = engine
-    return engine == "CUDNN"
-
-
-# --- handles and descriptors (need the library) ------------------------------------------------------
+# --- handles and descriptors (need the library) ---------------------------------------------
 _handles = threading.local()
 
 
@@ -523,15 +461,15 @@ def _search(op, geometry, dtype, tf32, mode, plan, buffers):
         ws = backend.device_workspace(limit)
         scratch = xp.empty_like({FORWARD: y, BACKWARD_DATA: x, BACKWARD_FILTER: w}[op])
         if op == FORWARD:
-            args = (plan.x_desc.ptr, _ptr(x), plan.w_desc.ptr, _ptr(w), conv.ptr,
-                    plan.y_desc.ptr, _ptr(scratch))
+            args = (plan.x_desc.ptr, device_ptr(x), plan.w_desc.ptr, device_ptr(w), conv.ptr,
+                    plan.y_desc.ptr, device_ptr(scratch))
         elif op == BACKWARD_DATA:
-            args = (plan.w_desc.ptr, _ptr(w), plan.y_desc.ptr, _ptr(y), conv.ptr,
-                    plan.x_desc.ptr, _ptr(scratch))
+            args = (plan.w_desc.ptr, device_ptr(w), plan.y_desc.ptr, device_ptr(y), conv.ptr,
+                    plan.x_desc.ptr, device_ptr(scratch))
         else:
-            args = (plan.x_desc.ptr, _ptr(x), plan.y_desc.ptr, _ptr(y), conv.ptr,
-                    plan.w_desc.ptr, _ptr(scratch))
-        call(_FIND[op], h, *args, len(perfs), ctypes.byref(returned), perfs, _ptr(ws), limit)
+            args = (plan.x_desc.ptr, device_ptr(x), plan.y_desc.ptr, device_ptr(y), conv.ptr,
+                    plan.w_desc.ptr, device_ptr(scratch))
+        call(_FIND[op], h, *args, len(perfs), ctypes.byref(returned), perfs, device_ptr(ws), limit)
         del scratch, ws  # (kept alive through the call: the benchmark writes into them)
     else:
         call(_HEURISTIC[op], h, *_descriptor_args(op, plan, conv), len(perfs),
@@ -550,133 +488,6 @@ def _search(op, geometry, dtype, tf32, mode, plan, buffers):
 algorithms = AlgorithmCache(_search)
 
 
-# --- execution --------------------------------------------------------------------------------------
-def _ptr(a):
-    return ctypes.c_void_p(int(a.data.ptr))
-
-
-class _Plan:
-    """Descriptors for one (layer, input shape, dtype): x/w/y/bias and one convolution
-    descriptor per operation (each carries the math type of its chosen algorithm)."""
-
-    def __init__(self, geometry, dtype):
-        self.geometry = geometry
-        self.dtype = numpy.dtype(dtype)
-        self.x_desc = TensorDescriptor(geometry.x, dtype)
-        self.y_desc = TensorDescriptor(geometry.y, dtype)
-        self.b_desc = TensorDescriptor(geometry.bias, dtype)
-        self.w_desc = FilterDescriptor(geometry.w, dtype)
-        math = math_type(dtype, backend.tf32_enabled())
-        self.conv = {op: ConvolutionDescriptor(geometry, dtype, math)
-                     for op in (FORWARD, BACKWARD_DATA, BACKWARD_FILTER)}
-        self.chosen = {}
-
-    def algorithm(self, op, buffers):
-        tf32 = backend.tf32_enabled()
-        mode = search_mode()
-        chosen = algorithms.get(op, backend.cuda_device_id(), self.dtype, self.geometry, tf32,
-                                mode, self, buffers)
-        if self.chosen.get(op) != chosen:  # first use, or a TF32 switch: retune the descriptor
-            self.conv[op].set_math(chosen[2])
-            self.chosen[op] = chosen
-        return chosen
-
-
-_plans = weakref.WeakKeyDictionary()
-
-
-def _plan(layer, x_shape, dtype):
-    per_layer = _plans.setdefault(layer, {})
-    key = (tuple(x_shape), numpy.dtype(dtype).str)
-    plan = per_layer.get(key)
-    if plan is None:
-        geometry = Geometry(x_shape, layer.blobs[0].data.shape, layer.pad, layer.stride,
-                            layer.dilation, layer.group)
-        plan = per_layer[key] = _Plan(geometry, dtype)
-    return plan
-
-
-def _scalars(dtype):
-    """Host alpha/beta (1, 0) in the type cuDNN reads for ``dtype``: double for double data,
-    float otherwise."""
-    kind = ctypes.c_double if numpy.dtype(dtype) == numpy.float64 else ctypes.c_float
-    return ctypes.byref(kind(1.0)), ctypes.byref(kind(0.0))
-
-
-def _contiguous(xp, a):
-    return a if a.flags.c_contiguous else xp.ascontiguousarray(a)
-
-
-def _run(op, plan, buffers, *args):
-    algo, ws_size, _ = plan.algorithm(op, buffers)
-    ws = backend.device_workspace(ws_size)
-    name = {FORWARD: "cudnnConvolutionForward", BACKWARD_DATA: "cudnnConvolutionBackwardData",
-            BACKWARD_FILTER: "cudnnConvolutionBackwardFilter"}[op]
-    # every operation takes (alpha, in-desc, in, in-desc, in) before the convolution descriptor
-    # and algorithm, then (beta, out-desc, out) after the workspace
-    pre, post = args[:5], args[5:]
-    call(name, handle(), *pre, plan.conv[op].ptr, algo, _ptr(ws), ws_size, *post)
-
-
-def convolution_forward(layer, bottom, top):
-    """top = conv(bottom, W) + b on cuDNN, for every bottom/top pair (shared weights)."""
-    w = layer.blobs[0].data
-    xp = backend.get_array_module(w)
-    one, zero = _scalars(w.dtype)
-    w = _contiguous(xp, w)
-    for b, t in zip(bottom, top):
-        x = _contiguous(xp, b.data)
-        plan = _plan(layer, x.shape, x.dtype)
-        y = t.data if t.data.flags.c_contiguous else xp.empty_like(t.data)
-        _run(FORWARD, plan, (x, w, y), one, plan.x_desc.ptr, _ptr(x), plan.w_desc.ptr, _ptr(w),
-             zero, plan.y_desc.ptr, _ptr(y))
-        if len(layer.blobs) > 1:
-            bias = _contiguous(xp, layer.blobs[1].data)
-            call("cudnnAddTensor", handle(), one, plan.b_desc.ptr, _ptr(bias), one,
-                 plan.y_desc.ptr, _ptr(y))
-        if y is not t.data:
-            t.data[...] = y
-
-
-def convolution_backward(layer, top, propagate_down, bottom):
-    """Caffe's semantics on cuDNN: weight and bias diffs accumulate (beta = 1), bottom diffs are
-    overwritten (beta = 0)."""
-    w_blob = layer.blobs[0]
-    xp = backend.get_array_module(w_blob.data)
-    one, zero = _scalars(w_blob.data.dtype)
-    want_w = layer.param_propagate_down[0]
-    want_b = len(layer.blobs) > 1 and layer.param_propagate_down[1]
-    w = _contiguous(xp, w_blob.data)
-    for i, (t, b) in enumerate(zip(top, bottom)):
-        want_x = bool(propagate_down[i]) if i < len(propagate_down) else False
-        if not (want_w or want_b or want_x):
-            continue
-        x = _contiguous(xp, b.data)
-        dy = _contiguous(xp, t.diff)
-        plan = _plan(layer, x.shape, x.dtype)
-        if want_b:
-            db = layer.blobs[1].diff
-            acc = db if db.flags.c_contiguous else xp.ascontiguousarray(db)
-            call("cudnnConvolutionBackwardBias", handle(), one, plan.y_desc.ptr, _ptr(dy), one,
-                 plan.b_desc.ptr, _ptr(acc))
-            if acc is not db:
-                db[...] = acc
-        if want_w:
-            dw = w_blob.diff
-            acc = dw if dw.flags.c_contiguous else xp.ascontiguousarray(dw)
-            _run(BACKWARD_FILTER, plan, (x, w, dy), one, plan.x_desc.ptr, _ptr(x),
-                 plan.y_desc.ptr, _ptr(dy), one, plan.w_desc.ptr, _ptr(acc))
-            if acc is not dw:
-                dw[...] = acc
-        if want_x:
-            dx = b.diff if b.diff.flags.c_contiguous else xp.empty_like(x)
-            _run(BACKWARD_DATA, plan, (x, w, dy), one, plan.w_desc.ptr, _ptr(w),
-                 plan.y_desc.ptr, _ptr(dy), zero, plan.x_desc.ptr, _ptr(dx))
-            if dx is not b.diff:
-                b.diff[...] = dx
-
-
-# --- pooling (AVE, single top) ----------------------------------------------------------------------
 class PoolingDescriptor(_Descriptor):
     _create, _destroy = "cudnnCreatePoolingDescriptor", "cudnnDestroyPoolingDescriptor"
 
@@ -686,102 +497,6 @@ class PoolingDescriptor(_Descriptor):
              NOT_PROPAGATE_NAN, len(kernel), _ints(kernel), _ints(pad), _ints(stride))
 
 
-def pooling_matches_caffe(size, kernel, pad, stride, out):
-    """True when no window of Caffe's (ceil-mode) output overhangs the padded input on any axis,
-    so every Caffe divisor is the full kernel and cuDNN's floor-mode output size is the same."""
-    return all((o - 1) * st + k <= n + 2 * q
-               for n, k, q, st, o in zip(size, kernel, pad, stride, out))
-
-
-def choose_pooling_engine(requested, method, n_top, on_device, dtype, lib_error=None):
-    """``(engine, note)`` for a Pooling layer, as Caffe's factory: CAFFE for MAX and STOCHASTIC
-    (silently: Caffe keeps MAX for its argmax bookkeeping) and for two tops; else as convolution."""
-    if requested == "CAFFE" or method != "AVE":
-        return "CAFFE", None
-    if n_top > 1:
-        return "CAFFE", ("cuDNN pooling has a single top; Pooling layers with two tops use the "
-                         "CAFFE engine") if requested == "CUDNN" else None
-    if not on_device:
-        return "CAFFE", NOTE_CPU.replace("convolution_param", "pooling_param").replace(
-            "Convolution layers", "Pooling layers") if requested == "CUDNN" else None
-    if lib_error is not None:
-        return "CAFFE", f"cuDNN unavailable, Pooling layers use the CAFFE engine: {lib_error}"
-    if data_type(dtype) is None:
-        return "CAFFE", None
-    return "CUDNN", None
-
-
-_pool_engine_of = weakref.WeakKeyDictionary()
-
-
-def pooling_wants(layer, array, n_top):
-    """True when this forward/backward of ``layer`` (a PoolingLayer, after its reshape) on the
-    bottom data ``array`` runs on cuDNN: the engine is decided once per layer and array module,
-    the exactness per shape."""
-    on_device = backend.is_device_array(array)
-    chosen = _pool_engine_of.setdefault(layer, {})
-    engine = chosen.get(on_device)
-    if engine is None:
-        requested = layer.layer_param.pooling_param.engine
-        lib_error = (library_error() if on_device and requested != "CAFFE"
-                     and layer.method == "AVE" else None)
-        engine, note = choose_pooling_engine(requested, layer.method, n_top, on_device,
-                                             array.dtype, lib_error)
-        if note:
-            backend.note_once(note)
-        chosen[on_device] = engine
-    return engine == "CUDNN" and pooling_matches_caffe(
-        array.shape[2:], layer.k, layer.pad, layer.stride, layer.out)
-
-
-class _PoolPlan:
-    def __init__(self, x_shape, y_shape, dtype, kernel, pad, stride):
-        self.x_desc = TensorDescriptor(x_shape, dtype)
-        self.y_desc = TensorDescriptor(y_shape, dtype)
-        self.pool = PoolingDescriptor(kernel, pad, stride)
-
-
-_pool_plans = weakref.WeakKeyDictionary()
-
-
-def _pool_plan(layer, x, y):
-    per_layer = _pool_plans.setdefault(layer, {})
-    key = (tuple(x.shape), tuple(layer.k), tuple(layer.pad), tuple(layer.stride),
-           numpy.dtype(x.dtype).str)
-    plan = per_layer.get(key)
-    if plan is None:
-        plan = per_layer[key] = _PoolPlan(x.shape, y.shape, x.dtype, layer.k, layer.pad,
-                                          layer.stride)
-    return plan
-
-
-def pooling_forward(layer, bottom, top):
-    """top = average over each (padded) window, on cuDNN."""
-    x = bottom[0].data
-    xp = backend.get_array_module(x)
-    x = _contiguous(xp, x)
-    y = top[0].data
-    one, zero = _scalars(x.dtype)
-    plan = _pool_plan(layer, x, y)
-    call("cudnnPoolingForward", handle(), plan.pool.ptr, one, plan.x_desc.ptr, _ptr(x), zero,
-         plan.y_desc.ptr, _ptr(y))
-
-
-def pooling_backward(layer, top, propagate_down, bottom):
-    """bottom diff = each window's top diff spread evenly over the window (overwritten)."""
-    if not propagate_down[0]:
-        return
-    xp = backend.get_array_module(top[0].diff)
-    x, y = _contiguous(xp, bottom[0].data), _contiguous(xp, top[0].data)
-    dy = _contiguous(xp, top[0].diff)
-    dx = bottom[0].diff
-    one, zero = _scalars(x.dtype)
-    plan = _pool_plan(layer, x, y)
-    call("cudnnPoolingBackward", handle(), plan.pool.ptr, one, plan.y_desc.ptr, _ptr(y),
-         plan.y_desc.ptr, _ptr(dy), plan.x_desc.ptr, _ptr(x), zero, plan.x_desc.ptr, _ptr(dx))
-
-
-# --- LRN (ACROSS_CHANNELS) ---------------------------------------------------------------------------
 class LRNDescriptor(_Descriptor):
     _create, _destroy = "cudnnCreateLRNDescriptor", "cudnnDestroyLRNDescriptor"
 
@@ -790,79 +505,45 @@ class LRNDescriptor(_Descriptor):
         call("cudnnSetLRNDescriptor", self.ptr, int(size), float(alpha), float(beta), float(k))
 
 
-def choose_lrn_engine(requested, region, size, k, beta, on_device, dtype, lib_error=None):
-    """``(engine, note)`` for an LRN layer: cuDNN for ACROSS_CHANNELS within cuDNN's limits
-    (Caffe's factory keeps larger windows on its own layer), CAFFE otherwise."""
-    if requested == "CAFFE":
-        return "CAFFE", None
-    explicit = requested == "CUDNN"
-    if region != "ACROSS_CHANNELS":
-        return "CAFFE", ("cuDNN LRN covers ACROSS_CHANNELS only; WITHIN_CHANNEL LRN uses the "
-                         "CAFFE engine") if explicit else None
-    if not on_device:
-        return "CAFFE", NOTE_CPU.replace("convolution_param", "lrn_param").replace(
-            "Convolution layers", "LRN layers") if explicit else None
-    if lib_error is not None:
-        return "CAFFE", f"cuDNN unavailable, LRN layers use the CAFFE engine: {lib_error}"
-    if size > LRN_MAX_N or k < LRN_MIN_K or beta < LRN_MIN_BETA or data_type(dtype) is None:
-        return "CAFFE", (f"LRN local_size {size}, k {k:g}, beta {beta:g} are outside cuDNN's "
-                         f"limits; using the CAFFE engine") if explicit else None
-    return "CUDNN", None
+# --- helpers the layer engines share ---------------------------------------------------------
+def device_ptr(a):
+    """The raw device address of a CuPy array."""
+    return ctypes.c_void_p(int(a.data.ptr))
 
 
-_lrn_engine_of = weakref.WeakKeyDictionary()
+def scaling(dtype):
+    """Host alpha/beta (1, 0) in the type cuDNN reads for ``dtype``: double for double data,
+    float otherwise."""
+    kind = ctypes.c_double if numpy.dtype(dtype) == numpy.float64 else ctypes.c_float
+    return ctypes.byref(kind(1.0)), ctypes.byref(kind(0.0))
 
 
-def lrn_wants(layer, array):
-    """True when ``layer`` (an LRNLayer) runs on cuDNN for ``array``'s module (decided once)."""
+def contiguous(xp, a):
+    return a if a.flags.c_contiguous else xp.ascontiguousarray(a)
+
+
+def cpu_note(param_field, layer_type):
+    """The one-time note for engine CUDNN asked of a layer that runs on the CPU."""
+    return (f"{param_field}.engine CUDNN needs CuPy arrays on a GPU; this run is on the CPU, "
+            f"so {layer_type} layers use the CAFFE engine")
+
+
+def engine_for(chosen, layer, array, decide):
+    """"CUDNN" or "CAFFE" for ``layer`` on ``array``'s module, decided once per layer and module
+    (``chosen``: a WeakKeyDictionary the caller keeps). ``decide(on_device)`` returns
+    ``(engine, note)``; a library that loads but cannot start falls back too. Notes are logged
+    once per process (``backend.note_once``)."""
     on_device = backend.is_device_array(array)
-    chosen = _lrn_engine_of.setdefault(layer, {})
-    engine = chosen.get(on_device)
+    per_module = chosen.setdefault(layer, {})
+    engine = per_module.get(on_device)
     if engine is None:
-        p = layer.layer_param.lrn_param
-        lib_error = library_error() if on_device and p.engine != "CAFFE" else None
-        engine, note = choose_lrn_engine(p.engine, p.norm_region, p.local_size, p.k, p.beta,
-                                         on_device, array.dtype, lib_error)
+        engine, note = decide(on_device)
+        if engine == "CUDNN":
+            try:
+                handle()
+            except CudnnError as e:
+                engine, note = "CAFFE", f"cuDNN could not start, using the CAFFE engine: {e}"
         if note:
             backend.note_once(note)
-        chosen[on_device] = engine
-    return engine == "CUDNN"
-
-
-_lrn_plans = weakref.WeakKeyDictionary()
-
-
-def _lrn_plan(layer, x):
-    per_layer = _lrn_plans.setdefault(layer, {})
-    key = (tuple(x.shape), numpy.dtype(x.dtype).str)
-    plan = per_layer.get(key)
-    if plan is None:
-        p = layer.layer_param.lrn_param
-        plan = per_layer[key] = SimpleNamespace(
-            desc=TensorDescriptor(x.shape, x.dtype),
-            lrn=LRNDescriptor(p.local_size, p.alpha, p.beta, p.k))
-    return plan
-
-
-def lrn_forward(layer, bottom, top):
-    """y = x / (k + alpha/n * sum over n neighbouring channels of x^2)^beta, on cuDNN."""
-    xp = backend.get_array_module(bottom[0].data)
-    x, y = _contiguous(xp, bottom[0].data), top[0].data
-    one, zero = _scalars(x.dtype)
-    plan = _lrn_plan(layer, x)
-    call("cudnnLRNCrossChannelForward", handle(), plan.lrn.ptr, LRN_CROSS_CHANNEL_DIM1, one,
-         plan.desc.ptr, _ptr(x), zero, plan.desc.ptr, _ptr(y))
-
-
-def lrn_backward(layer, top, propagate_down, bottom):
-    """The exact LRN gradient (bottom diff overwritten), on cuDNN."""
-    if not propagate_down[0]:
-        return
-    xp = backend.get_array_module(bottom[0].data)
-    x, y = _contiguous(xp, bottom[0].data), _contiguous(xp, top[0].data)
-    dy = _contiguous(xp, top[0].diff)
-    one, zero = _scalars(x.dtype)
-    plan = _lrn_plan(layer, x)
-    call("cudnnLRNCrossChannelBackward", handle(), plan.lrn.ptr, LRN_CROSS_CHANNEL_DIM1, one,
-         plan.desc.ptr, _ptr(y), plan.desc.ptr, _ptr(dy), plan.desc.ptr, _ptr(x), zero,
-         plan.desc.ptr, _ptr(bottom[0].diff))
+        per_module[on_device] = engine
+    return engine
