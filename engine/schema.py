@@ -22,6 +22,7 @@ enum SolverMode { CPU = 0; GPU = 1; }
 enum SnapshotFormat { HDF5 = 0; BINARYPROTO = 1; }
 enum SolverType { SGD = 0; NESTEROV = 1; ADAGRAD = 2; RMSPROP = 3; ADADELTA = 4; ADAM = 5; }
 enum ReductionOp { SUM = 1; ASUM = 2; SUMSQ = 3; MEAN = 4; }
+enum Norm { L1 = 1; L2 = 2; }
 
 message BlobShape { repeated int64 dim = 1; }
 message BlobProto {
@@ -70,7 +71,11 @@ message LayerParameter {
   optional FlattenParameter flatten_param = 135; optional BiasParameter bias_param = 141;
   optional ScaleParameter scale_param = 142; optional InputParameter input_param = 143;
   optional RecurrentParameter recurrent_param = 146; optional EmulateParameter emulate_param = 1008;
-  optional SequenceDataParameter sequence_data_param = 1009; }
+  optional SequenceDataParameter sequence_data_param = 1009;
+  optional ContrastiveLossParameter contrastive_loss_param = 105;
+  optional HingeLossParameter hinge_loss_param = 114; optional InfogainLossParameter infogain_loss_param = 116;
+  optional MemoryDataParameter memory_data_param = 119; optional WindowDataParameter window_data_param = 129;
+  optional PythonParameter python_param = 130; }
 
 message TransformationParameter { optional float scale = 1 [default = 1]; optional bool mirror = 2 [default = false];
   optional uint32 crop_size = 3 [default = 0]; optional string mean_file = 4; repeated float mean_value = 5;
@@ -149,6 +154,20 @@ message SequenceDataParameter { optional uint32 batch_size = 1; optional uint32 
   optional uint32 vocab_size = 3 [default = 8]; optional uint32 delay = 4 [default = 1];
   optional uint32 input_dim = 5 [default = 0]; optional uint32 sequence_length = 6 [default = 0];
   optional int64 seed = 7 [default = 1]; optional int32 ignore_label = 8 [default = -1]; }
+message ContrastiveLossParameter { optional float margin = 1 [default = 1.0];
+  optional bool legacy_version = 2 [default = false]; }
+message HingeLossParameter { optional Norm norm = 1 [default = L1]; }
+message InfogainLossParameter { optional string source = 1; optional int32 axis = 2 [default = 1]; }
+message MemoryDataParameter { optional uint32 batch_size = 1; optional uint32 channels = 2;
+  optional uint32 height = 3; optional uint32 width = 4; }
+message WindowDataParameter { optional string source = 1; optional float scale = 2 [default = 1];
+  optional string mean_file = 3; optional uint32 batch_size = 4; optional uint32 crop_size = 5 [default = 0];
+  optional bool mirror = 6 [default = false]; optional float fg_threshold = 7 [default = 0.5];
+  optional float bg_threshold = 8 [default = 0.5]; optional float fg_fraction = 9 [default = 0.25];
+  optional uint32 context_pad = 10 [default = 0]; optional string crop_mode = 11 [default = "warp"];
+  optional bool cache_images = 12 [default = false]; optional string root_folder = 13 [default = ""]; }
+message PythonParameter { optional string module = 1; optional string layer = 2;
+  optional string param_str = 3 [default = ""]; optional bool share_in_parallel = 4 [default = false]; }
 
 message CommParameter {
   optional string codec = 1 [default = "fp8"]; optional bool relative = 2 [default = true];

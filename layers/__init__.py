@@ -24,3 +24,8 @@ from layers import sequence_data  # noqa: F401
 from layers import image_data  # noqa: F401
 from layers import hdf5_data  # noqa: F401
 from layers import data  # noqa: F401
+from layers import contrastive_loss  # noqa: F401
+from layers import hinge_loss  # noqa: F401
+from layers import infogain_loss  # noqa: F401
+from layers import multinomial_logistic_loss  # noqa: F401
+from layers import sigmoid_cross_entropy_loss  # noqa: F401
