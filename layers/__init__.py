@@ -31,3 +31,4 @@ from layers import multinomial_logistic_loss  # noqa: F401
 from layers import sigmoid_cross_entropy_loss  # noqa: F401
 from layers import lstm_unit  # noqa: F401
 from layers import recurrent  # noqa: F401
+from layers import python_layer  # noqa: F401
