@@ -32,3 +32,4 @@ from layers import sigmoid_cross_entropy_loss  # noqa: F401
 from layers import lstm_unit  # noqa: F401
 from layers import recurrent  # noqa: F401
 from layers import python_layer  # noqa: F401
+from layers import memory_data  # noqa: F401
