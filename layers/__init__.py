@@ -33,3 +33,4 @@ from layers import lstm_unit  # noqa: F401
 from layers import recurrent  # noqa: F401
 from layers import python_layer  # noqa: F401
 from layers import memory_data  # noqa: F401
+from layers import hdf5_output  # noqa: F401
