@@ -34,3 +34,4 @@ from layers import recurrent  # noqa: F401
 from layers import python_layer  # noqa: F401
 from layers import memory_data  # noqa: F401
 from layers import hdf5_output  # noqa: F401
+from layers import window_data  # noqa: F401
