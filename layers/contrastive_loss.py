@@ -64,8 +64,8 @@ class ContrastiveLossLayer(Layer):
             dist = xp.sqrt(self.dist_sq)
             mdist = self.margin - dist
             coef = -mdist / (dist + 1e-4)
-        coef = xp.where(mdist > 0, coef, 0.0)
-        coef = xp.where(self.similar, 1.0, coef).astype(self.delta.dtype)
+        coef = coef * (mdist > 0)
+        coef = xp.where(self.similar, xp.ones_like(coef), coef).astype(self.delta.dtype)
         for i, sign in ((0, 1.0), (1, -1.0)):
             if propagate_down[i]:
                 alpha = top[0].diff * (sign / max(n, 1))

@@ -41,7 +41,7 @@ class HingeLossLayer(Layer):
         labels = bottom[1].data.reshape(n, 1).astype("int64")
         check_label_range(self, xp, labels, xp.ones(labels.shape, dtype=bool), dim)
         hot = one_hot(xp, labels, dim)[:, :, 0]
-        self.sign = xp.where(hot, -1.0, 1.0).astype(x.dtype)  # −t
+        self.sign = (1.0 - 2.0 * hot).astype(x.dtype)  # −t
         self.margin = xp.maximum(1.0 + self.sign * scores, 0.0).astype(x.dtype)
         self.num = max(n, 1)
         if self.norm == "L2":

@@ -90,7 +90,7 @@ class InfogainLossLayer(Layer):
             else xp.ones(labels.shape, dtype=bool)
         check_label_range(self, xp, labels, valid, classes)
         h = self._matrix(bottom, xp, x.dtype)
-        safe = xp.where(valid, labels, 0)
+        safe = labels * valid  # ignored positions read row 0, then masked out
         # rows of H picked by each position's label, laid out as outer×K×inner like p
         self.h_rows = h[safe].transpose(0, 2, 1) * valid[:, None, :]
         logs = xp.log(xp.maximum(p, x.dtype.type(FLT_MIN)))

@@ -30,7 +30,7 @@ def cell_forward(xp, c_prev, x, cont):
     acts[:, :3 * h_dim] = sigmoid(xp, x[:, :3 * h_dim])
     acts[:, 3 * h_dim:] = xp.tanh(x[:, 3 * h_dim:])
     cont = cont.reshape(-1, 1)
-    f = xp.where(cont == 0, 0.0, cont * acts[:, h_dim:2 * h_dim])
+    f = cont * acts[:, h_dim:2 * h_dim]  # exactly 0 where cont is 0 (σ is finite)
     acts[:, h_dim:2 * h_dim] = f
     c = f * c_prev + acts[:, :h_dim] * acts[:, 3 * h_dim:]
     tanh_c = xp.tanh(c)

@@ -126,3 +126,10 @@ def test_siamese_net_shares_weights_and_backpropagates(tmp_path):
     owner = net.params["ip1"][0]
     numpy.testing.assert_allclose(owner.diff, expected_dw, rtol=1e-9, atol=1e-12)
     assert len(net.learnable_params) == 2
+
+
+@pytest.mark.gpu
+def test_cupy_matches_numpy():
+    from layer_util import assert_gpu_matches_cpu
+    a, b, y = case(4)
+    assert_gpu_matches_cpu(text("margin: 1.2"), [a, b, y])

@@ -72,3 +72,11 @@ def test_bad_labels_and_label_backward_are_errors():
     assert not layer.allow_force_backward(1) and layer.default_loss_weight == 1.0
     with pytest.raises(LayerError, match="label"):
         layer.backward(top, [True, True], bottom)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("norm", ["L1", "L2"])
+def test_cupy_matches_numpy(norm):
+    from layer_util import assert_gpu_matches_cpu
+    rng = numpy.random.default_rng(5)
+    assert_gpu_matches_cpu(text(norm), [rng.standard_normal((4, 5)), rng.integers(0, 5, 4)])

@@ -103,3 +103,12 @@ def test_errors(tmp_path):
     bottom, top = run(layer, [numpy.zeros((2, 3)), numpy.zeros(2), numpy.eye(3)])
     with pytest.raises(LayerError, match="infogain"):
         layer.backward(top, [True, False, True], bottom)
+
+
+@pytest.mark.gpu
+def test_cupy_matches_numpy():
+    from layer_util import assert_gpu_matches_cpu
+    rng = numpy.random.default_rng(6)
+    x = rng.standard_normal((3, 4, 2))
+    y = rng.integers(0, 4, (3, 2)).astype(float)
+    assert_gpu_matches_cpu(text(), [x, y, rng.uniform(0, 1, (4, 4))])

@@ -97,3 +97,9 @@ def test_errors():
     assert not layer.allow_force_backward(2)
     with pytest.raises(LayerError, match="sequence indicators"):
         layer.backward(top, [True, True, True], bottom)
+
+
+@pytest.mark.gpu
+def test_cupy_matches_numpy():
+    from layer_util import assert_gpu_matches_cpu
+    assert_gpu_matches_cpu(TEXT, list(case(6)), n_top=2)

@@ -59,3 +59,10 @@ def test_errors():
     bottom, top = run(layer, [numpy.full((2, 3), 0.3), numpy.zeros(2)])
     with pytest.raises(LayerError, match="label"):
         layer.backward(top, [True, True], bottom)
+
+
+@pytest.mark.gpu
+def test_cupy_matches_numpy():
+    from layer_util import assert_gpu_matches_cpu
+    p, y = probs(5)
+    assert_gpu_matches_cpu(TEXT, [p, y])

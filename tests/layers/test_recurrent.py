@@ -258,3 +258,32 @@ def test_errors(kind):
     bottom[0] = Blob((3, 2, 5), numpy.float64)
     with pytest.raises(LayerError, match="input width"):
         layer.reshape(bottom, top)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind", ["RNN", "LSTM"])
+def test_cupy_matches_numpy(kind):
+    from engine import backend
+    arrays, rng = case(8, static=True, expose=True)
+    if kind == "LSTM":
+        arrays.append(rng.standard_normal((1, 3, 3)) * 0.5)
+    n_top = 3 if kind == "LSTM" else 2
+    runs = []
+    for xp in (numpy, backend.cupy):
+        layer = make(text(kind, static=True, expose=True), dtype=numpy.float64)
+        bottom = [blob(a, xp=xp) for a in arrays]
+        top = tops(n_top, xp=xp)
+        layer.setup(bottom, top)
+        for j, p in enumerate(layer.blobs):
+            p.data[...] = backend.to_device(numpy.random.default_rng(j).uniform(-0.5, 0.5, p.shape),
+                                            like=p.data)
+        layer.forward(bottom, top)
+        for k, t in enumerate(top):
+            t.diff[...] = backend.to_device(numpy.random.default_rng(10 + k).standard_normal(t.shape),
+                                            like=t.diff)
+        layer.backward(top, [i != 1 for i in range(len(bottom))], bottom)
+        runs.append([backend.to_numpy(a) for a in [t.data for t in top] +
+                     [b.diff for i, b in enumerate(bottom) if i != 1] +
+                     [p.diff for p in layer.blobs]])
+    for cpu, gpu in zip(*runs):
+        numpy.testing.assert_allclose(gpu, cpu, rtol=1e-9, atol=1e-12)

@@ -84,3 +84,11 @@ def test_errors():
     assert not layer.allow_force_backward(1)
     with pytest.raises(LayerError, match="label"):
         layer.backward(top, [True, True], bottom)
+
+
+@pytest.mark.gpu
+def test_cupy_matches_numpy():
+    from layer_util import assert_gpu_matches_cpu
+    x, t = case(5)
+    t[0, 0, 1] = -1
+    assert_gpu_matches_cpu(text("ignore_label: -1 normalization: VALID"), [x, t])
