@@ -87,45 +87,69 @@ def test_label_count_mismatch_is_a_layer_error():
 
 
 SIAMESE = """
-name: "siamese"
-layer { name: "in" type: "Input" top: "x" top: "x_p" top: "sim"
-  input_param { shape { dim: 4 dim: 5 } shape { dim: 4 dim: 5 } shape { dim: 4 } } }
-layer { name: "ip1" type: "InnerProduct" bottom: "x" top: "f"
-  param { name: "w" } param { name: "b" }
-  inner_product_param { num_output: 3 weight_filler { type: "gaussian" std: 0.5 }
+name: "mnist_siamese_train_test"
+layer { name: "pair_data" type: "Input" top: "pair_data" top: "sim"
+  input_param { shape { dim: 4 dim: 2 dim: 2 dim: 3 } shape { dim: 4 } } }
+layer { name: "slice_pair" type: "Slice" bottom: "pair_data" top: "data" top: "data_p"
+  slice_param { slice_dim: 1 slice_point: 1 } }
+layer { name: "ip1" type: "InnerProduct" bottom: "data" top: "ip1"
+  param { name: "ip1_w" lr_mult: 1 } param { name: "ip1_b" lr_mult: 2 }
+  inner_product_param { num_output: 5 weight_filler { type: "xavier" }
     bias_filler { type: "gaussian" std: 0.1 } } }
-layer { name: "ip1_p" type: "InnerProduct" bottom: "x_p" top: "f_p"
-  param { name: "w" } param { name: "b" }
-  inner_product_param { num_output: 3 weight_filler { type: "gaussian" std: 0.5 }
+layer { name: "relu1" type: "ReLU" bottom: "ip1" top: "ip1" }
+layer { name: "feat" type: "InnerProduct" bottom: "ip1" top: "feat"
+  param { name: "feat_w" lr_mult: 1 } param { name: "feat_b" lr_mult: 2 }
+  inner_product_param { num_output: 2 weight_filler { type: "xavier" }
     bias_filler { type: "gaussian" std: 0.1 } } }
-layer { name: "loss" type: "ContrastiveLoss" bottom: "f" bottom: "f_p" bottom: "sim" top: "loss"
-  contrastive_loss_param { margin: 2.0 } }
+layer { name: "ip1_p" type: "InnerProduct" bottom: "data_p" top: "ip1_p"
+  param { name: "ip1_w" lr_mult: 1 } param { name: "ip1_b" lr_mult: 2 }
+  inner_product_param { num_output: 5 weight_filler { type: "xavier" }
+    bias_filler { type: "gaussian" std: 0.1 } } }
+layer { name: "relu1_p" type: "ReLU" bottom: "ip1_p" top: "ip1_p" }
+layer { name: "feat_p" type: "InnerProduct" bottom: "ip1_p" top: "feat_p"
+  param { name: "feat_w" lr_mult: 1 } param { name: "feat_b" lr_mult: 2 }
+  inner_product_param { num_output: 2 weight_filler { type: "xavier" }
+    bias_filler { type: "gaussian" std: 0.1 } } }
+layer { name: "loss" type: "ContrastiveLoss" bottom: "feat" bottom: "feat_p" bottom: "sim"
+  top: "loss" contrastive_loss_param { margin: 1.0 } }
 """
 
 
+def branch(x, w1, b1, w2, b2):
+    a = x.reshape(len(x), -1) @ w1.T + b1
+    r = numpy.maximum(a, 0)
+    return a, r, r @ w2.T + b2
+
+
 def test_siamese_net_shares_weights_and_backpropagates(tmp_path):
+    """BVLC's mnist_siamese layout: one pair blob sliced into two branches whose parameters
+    are shared by name; loss and shared-weight gradients against a hand-written backprop."""
     from engine.net import Net
     path = tmp_path / "siamese.prototxt"
     path.write_text(SIAMESE)
     net = Net(str(path), dtype=numpy.float64)
+    assert len(net.learnable_params) == 4  # ip1_w, ip1_b, feat_w, feat_b: one owner each
     rng = numpy.random.default_rng(3)
-    x, xp_ = rng.standard_normal((2, 4, 5))
+    pair = rng.standard_normal((4, 2, 2, 3))
     sim = numpy.array([1, 0, 1, 0], float)
-    net.blobs["x"].data[...] = x
-    net.blobs["x_p"].data[...] = xp_
+    net.blobs["pair_data"].data[...] = pair
     net.blobs["sim"].data[...] = sim
-    w, bias = net.params["ip1"][0].data.copy(), net.params["ip1"][1].data.copy()
-    numpy.testing.assert_array_equal(net.params["ip1_p"][0].data, w)
+    w1, b1 = (p.data.copy() for p in net.params["ip1"])
+    w2, b2 = (p.data.copy() for p in net.params["feat"])
+    numpy.testing.assert_array_equal(net.params["ip1_p"][0].data, w1)
     net.clear_param_diffs()
     loss = net.forward_backward()
-    fa, fb = x @ w.T + bias, xp_ @ w.T + bias
-    ref, ga, gb = reference(fa, fb, sim, 2.0, False)
+    xa, xb = pair[:, :1], pair[:, 1:]
+    a_a, r_a, fa = branch(xa, w1, b1, w2, b2)
+    a_b, r_b, fb = branch(xb, w1, b1, w2, b2)
+    ref, ga, gb = reference(fa, fb, sim, 1.0, False)
     numpy.testing.assert_allclose(float(loss), ref, rtol=1e-10)
-    # one shared owner: its diff holds both branches' contributions
-    expected_dw = ga.T @ x + gb.T @ xp_
-    owner = net.params["ip1"][0]
-    numpy.testing.assert_allclose(owner.diff, expected_dw, rtol=1e-9, atol=1e-12)
-    assert len(net.learnable_params) == 2
+    dw2 = ga.T @ r_a + gb.T @ r_b
+    dw1 = ((ga @ w2) * (a_a > 0)).T @ xa.reshape(4, -1) + ((gb @ w2) * (a_b > 0)).T @ xb.reshape(4, -1)
+    numpy.testing.assert_allclose(net.params["feat"][0].diff, dw2, rtol=1e-9, atol=1e-12)
+    numpy.testing.assert_allclose(net.params["ip1"][0].diff, dw1, rtol=1e-9, atol=1e-12)
+    numpy.testing.assert_allclose(net.params["feat"][1].diff, ga.sum(0) + gb.sum(0), rtol=1e-9,
+                                  atol=1e-12)
 
 
 @pytest.mark.gpu
