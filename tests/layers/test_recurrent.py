@@ -287,3 +287,34 @@ def test_cupy_matches_numpy(kind):
                      [p.diff for p in layer.blobs]])
     for cpu, gpu in zip(*runs):
         numpy.testing.assert_allclose(gpu, cpu, rtol=1e-9, atol=1e-12)
+
+
+@pytest.mark.parametrize("kind", ["RNN", "LSTM"])
+def test_caffe_hdf5_model_blobs_load_into_the_same_positions(kind, tmp_path):
+    """A model file in Caffe's HDF5 layout (/data/<layer>/<i>, Caffe's shapes for H = 3, D = 4,
+    static width 2) loads blob i into parameter i and drives the equations as Caffe's order says."""
+    import h5py
+    from engine.net import Net
+    from engine.prototxt import parse_text
+    rng = numpy.random.default_rng(9)
+    rows = 12 if kind == "LSTM" else 3
+    shapes = [(rows, 4), (rows,), (rows, 2), (rows, 3)] + ([(3, 3), (3,)] if kind == "RNN" else [])
+    stored = [rng.uniform(-0.5, 0.5, s) for s in shapes]
+    model = tmp_path / "rec.caffemodel.h5"
+    with h5py.File(model, "w") as f:
+        for i, a in enumerate(stored):
+            f.create_dataset(f"data/rec/{i}", data=a.astype(numpy.float32))
+    net = Net(parse_text(f"""
+        layer {{ name: "in" type: "Input" top: "x" top: "cont" top: "xs"
+          input_param {{ shape {{ dim: 5 dim: 3 dim: 4 }} shape {{ dim: 5 dim: 3 }}
+                         shape {{ dim: 3 dim: 2 }} }} }}
+        layer {{ {text(kind, static=True)} }}
+    """, "rec.prototxt"), dtype=numpy.float64)
+    net.copy_trained_layers_from(str(model))
+    arrays, _ = case(10, static=True)
+    for name, a in zip(("x", "cont", "xs"), arrays):
+        net.blobs[name].data[...] = a
+    net.forward()
+    expected, _, _ = naive(kind, [a.astype(numpy.float32).astype(float) for a in stored],
+                           arrays[0], arrays[1], xs=arrays[2])
+    numpy.testing.assert_allclose(net.blobs["o"].data, expected, rtol=1e-12, atol=1e-12)
