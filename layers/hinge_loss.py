@@ -9,7 +9,6 @@ With t_ik = +1 for the true class k = label_i and −1 otherwise, e_ik = max(0, 
 """
 from engine import backend
 from engine.layer import Layer, register_layer
-from layers.axes import count
 from layers.loss_common import check_label_range, one_hot
 
 
