@@ -24,3 +24,6 @@ from layers import sequence_data  # noqa: F401
 from layers import image_data  # noqa: F401
 from layers import hdf5_data  # noqa: F401
 from layers import data  # noqa: F401
+from layers import neuron_more  # noqa: F401
+from layers import prelu  # noqa: F401
+from layers import batch_norm  # noqa: F401
