@@ -127,6 +127,7 @@ def test_gradcheck_global_statistics():
     layer.blobs[0].data[...] = RNG.standard_normal(3)
     layer.blobs[1].data[...] = RNG.uniform(0.5, 1.5, 3)
     layer.blobs[2].data[...] = 2.0
+    layer.forward(bottom, top)
     w = RNG.standard_normal(x.shape)
     (analytic,) = run_backward(layer, bottom, top, [w])
     numeric = numpy.empty(x.size)
