@@ -1,8 +1,9 @@
 """More elementwise neurons: AbsVal, BNLL, Clip, ELU, Swish, Threshold (Caffe's NeuronLayer family).
 
 One bottom, one top of the same shape. All but AbsVal may run in place; where backward needs the
-input ``x`` and forward overwrites it, forward keeps a copy. Threshold has no gradient (as in
-Caffe, whose backward is not implemented): the net never asks it for one unless forced.
+input ``x`` and forward overwrites it, forward keeps a copy. Threshold has no gradient (Caffe
+does not implement its backward): force_backward skips it, and a net that still asks for one
+gets an error naming the layer.
 """
 import abc
 
