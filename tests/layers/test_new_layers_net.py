@@ -1,9 +1,10 @@
 """BatchNorm + Scale, Crop/Tile/Reduction and SPP inside a Net: the nets build from prototxt, run
 forward and backward, and the Net's analytic parameter gradients match central differences of
-the whole net's loss (float64, fixed data)."""
+the whole net's loss (float64, fixed data); solver steps leave BatchNorm's statistics alone."""
 import numpy
 import pytest
 
+import solvers
 from engine import backend
 from engine.net import Net
 from engine.prototxt import parse_text
@@ -120,3 +121,25 @@ def test_crop_tile_reduction_net():
 def test_spp_net(pool):
     net = check_net(SPP % pool, [("conv", 0), ("conv", 1), ("ip", 0)])
     assert net.blobs["p"].shape == (4, 3 * (1 + 4))
+
+
+@pytest.mark.parametrize("solver_text", [
+    'type: "SGD" base_lr: 0.1 lr_policy: "fixed" momentum: 0.9 weight_decay: 0.5',
+    'type: "Adam" base_lr: 0.1 lr_policy: "fixed" momentum: 0.9 weight_decay: 0.5',
+])
+def test_solver_updates_leave_the_batch_norm_statistics_to_forward(solver_text):
+    """With Caffe's lr_mult 0 the solver never moves the statistics, weight decay included:
+    after each step they are exactly what the forward passes accumulated."""
+    backend.seed(1)
+    net = Net(parse_text(BN_SCALE, "net.prototxt", "NetParameter"), phase="TRAIN", dtype=numpy.float64)
+    solver = solvers.create_solver(parse_text(solver_text, "solver.prototxt", "SolverParameter"), net)
+    for _ in range(3):
+        net.clear_param_diffs()
+        net.forward_backward()
+        stats = [b.data.copy() for b in net.params["bn"]]
+        weights = net.params["conv"][0].data.copy()
+        solver.apply_update()
+        for b, before in zip(net.params["bn"], stats):
+            numpy.testing.assert_array_equal(b.data, before)
+        assert not numpy.array_equal(net.params["conv"][0].data, weights)
+    numpy.testing.assert_allclose(net.params["bn"][2].data, [1 + 0.999 + 0.999 ** 2], rtol=1e-12)
