@@ -144,7 +144,7 @@ class ThresholdLayer(Layer):
 
     def forward(self, bottom, top):
         x = bottom[0].data
-        top[0].data[...] = x > x.dtype.type(self.threshold)
+        top[0].data[...] = (x > x.dtype.type(self.threshold)).astype(x.dtype)
 
     def allow_force_backward(self, bottom_index):
         return False
