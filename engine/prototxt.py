@@ -5,13 +5,22 @@ if set, else the field's default (``[]`` for repeated fields, an empty default `
 message fields); ``msg.has(name)`` tells whether a field was set; ``msg.location(name)`` gives
 ``file:line:col`` for error messages. Enum values are their names as strings ("MAX", "TRAIN").
 Unknown fields are errors that list the valid names.
+
+Why a parser of our own when protobuf ships ``google.protobuf.text_format``: it keeps
+``file:line:col`` of every field (``Message.location``), so that a bad value found long after
+parsing (by a layer's setup, the solver, ``engine.validate``) is reported where it was written;
+text_format's messages forget where their fields came from. Both parsers read the same schema
+(``engine/proto/caffe.proto``) and tests/engine/test_proto_schema.py checks that they agree on
+every prototxt in the repository.
 """
 import math
 import re
 
+from engine import upgrade
 from engine.errors import PrototxtError
 from engine.message import Message  # noqa: F401  (re-exported: callers import it from here)
 from engine.schema import SCHEMA, ENUMS, FieldSpec  # noqa: F401  (FieldSpec re-exported)
+from engine.validate import validate
 
 _INT_TYPES = {"int32", "int64", "uint32", "uint64", "sint32", "sint64", "fixed32", "fixed64"}
 _FLOAT_TYPES = {"float", "double"}
@@ -231,13 +240,33 @@ def parse_text(text, filename="<string>", type_name="NetParameter"):
 
 
 def parse_file(path, type_name="NetParameter"):
-    """Parse the prototxt file at ``path``."""
+    """Parse the prototxt file at ``path``; old (V0/V1) nets and solvers are upgraded
+    (``engine.upgrade``) and every field is checked against its allowed values
+    (``engine.validate``), so a bad value fails here, naming its file:line:col."""
     try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
+        with open(path, "rb") as f:
+            raw = f.read()
     except OSError as e:
         raise PrototxtError(f"{path}: cannot read prototxt: {e.strerror}") from None
-    return parse_text(text, str(path), type_name)
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = raw.count(b"\n", 0, e.start) + 1
+        col = e.start - (raw.rfind(b"\n", 0, e.start) + 1) + 1
+        raise PrototxtError(f"{path}:{line}:{col}: byte 0x{raw[e.start]:02x} at offset {e.start} "
+                            f"is not valid UTF-8; prototxt files must be UTF-8 text") from None
+    msg = parse_text(text, str(path), type_name)
+    if type_name == "NetParameter":
+        msg = upgrade.upgrade_net(msg)
+    elif type_name == "SolverParameter":
+        upgrade.upgrade_solver(msg)
+        for field in ("net_param", "train_net_param"):
+            if msg.has(field):
+                setattr(msg, field, upgrade.upgrade_net(getattr(msg, field)))
+        if msg.has("test_net_param"):
+            msg.test_net_param = [upgrade.upgrade_net(n) for n in msg.test_net_param]
+    validate(msg)
+    return msg
 
 
 def parse_layer(text, filename="<string>"):
