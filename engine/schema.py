@@ -44,6 +44,7 @@ class FieldSpec:
     range: str = ""    # c8_range, e.g. "(0,1]" or "[1,)"; "" when unconstrained
     choices: tuple = None  # c8_choices as a tuple of allowed strings; None when unconstrained
     check: str = ""    # c8_check, a named extra rule ("odd", "positive_or_minus_one")
+    explicit_default: bool = False  # the .proto gives [default = ...]
 
 
 def _relative(type_name):
@@ -100,7 +101,8 @@ def _build():
                 required=f.label == _REQUIRED,
                 range=opts.Extensions[caffe_pb2.c8_range],
                 choices=tuple(choices.split("|")) if choices is not None else None,
-                check=opts.Extensions[caffe_pb2.c8_check])
+                check=opts.Extensions[caffe_pb2.c8_check],
+                explicit_default=f.HasField("default_value"))
         schema[m.name] = fields
     return schema, enums
 
