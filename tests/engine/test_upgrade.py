@@ -7,7 +7,7 @@ from engine.errors import PrototxtError
 from engine.net import Net
 from engine.proto import caffe_pb2
 from engine.proto.convert import from_pb
-from engine.prototxt import parse_file, to_text
+from engine.prototxt import parse_file, parse_text, to_text
 from engine.upgrade import upgrade_net
 
 V1_NET = """name: "v1"
@@ -46,6 +46,8 @@ def test_v1_net_becomes_layers_with_type_strings_and_param_specs(tmp_path):
     assert [(p.name, p.share_mode) for p in ip.param] == [("shared_w", "PERMISSIVE")]
     assert not ip.param[0].has("lr_mult")
     assert loss.bottom == ["ip", "label"] and loss.loss_weight == [2.0]
+    # parse_text upgrades too, as Caffe's readers do
+    assert [l.type for l in parse_text(V1_NET).layer] == [l.type for l in net.layer]
     # the upgraded net is a current net: its text parses back to the same layers
     again = parse_file(write(tmp_path, to_text(net), "again.prototxt"))
     assert to_text(again) == to_text(net)
