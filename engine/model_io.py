@@ -23,7 +23,7 @@ from engine.errors import DataError
 from engine.proto import caffe_pb2
 from engine.proto.blobs import array_to_blob, blob_shape, blob_to_array, shape_matches
 from engine.proto.convert import to_pb
-from engine.snapshot import BINARYPROTO, HDF5, atomic_write
+from engine.snapshot import BINARYPROTO, HDF5, atomic_write, save_solverstate, snapshot_names
 
 
 def format_of(path):
@@ -129,6 +129,21 @@ def save_model(net, path, fmt=None, write_diff=False):
     else:
         raise ValueError(f"unknown model format {fmt!r}; valid: BINARYPROTO, HDF5")
     return path
+
+
+def write_snapshot(net, solver_state, prefix, iteration, fmt=BINARYPROTO, write_diff=False,
+                   extra=None, log=None):
+    """Caffe's ``Solver::Snapshot``: the model, then the solver state naming it, in ``fmt``
+    (``snapshot_format``), with Caffe's log lines. Returns ``(model, solverstate)`` paths."""
+    model, state = snapshot_names(prefix, iteration, fmt)
+    kind = "HDF5" if fmt == HDF5 else "binary proto"
+    if log:
+        log(f"Snapshotting to {kind} file {model}")
+    save_model(net, model, fmt, write_diff)
+    if log:
+        log(f"Snapshotting solver state to {kind} file {state}")
+    save_solverstate(state, solver_state, model, extra=extra)
+    return model, state
 
 
 # --- conversion -----------------------------------------------------------------------------------

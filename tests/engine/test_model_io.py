@@ -163,6 +163,27 @@ def test_snapshot_names_follow_caffe():
         "s/lenet_iter_100.caffemodel.h5", "s/lenet_iter_100.solverstate.h5")
 
 
+@pytest.mark.parametrize("fmt", ["BINARYPROTO", "HDF5"])
+def test_write_snapshot_honours_format_and_restores_by_name(tmp_path, fmt):
+    src = build()
+    lines = []
+    hist = [numpy.full((2, 4), 0.5, numpy.float32), numpy.zeros(2, numpy.float32)]
+    model, state = model_io.write_snapshot(src, {"iter": 5, "current_step": 0, "history": hist},
+                                           str(tmp_path / "p"), 5, fmt, extra={"k": 1},
+                                           log=lines.append)
+    kind = "HDF5" if fmt == "HDF5" else "binary proto"
+    assert lines == [f"Snapshotting to {kind} file {model}",
+                     f"Snapshotting solver state to {kind} file {state}"]
+    assert model.endswith(".caffemodel.h5" if fmt == "HDF5" else "_iter_5.caffemodel")
+    assert h5py.is_hdf5(model) == (fmt == "HDF5") and h5py.is_hdf5(state) == (fmt == "HDF5")
+    got, extra = snapshot.load_solverstate(state)
+    assert got["learned_net"] == model and extra == {"k": 1}
+    numpy.testing.assert_array_equal(got["history"][0], hist[0])
+    dst = build()
+    dst.copy_trained_layers_from(got["learned_net"])
+    numpy.testing.assert_array_equal(dst.params["ip"][0].data, src.params["ip"][0].data)
+
+
 def _caffe_solverstate_class():
     """SolverState as BVLC Caffe declares it (fields 1-4 only), in a pool of its own."""
     fdp = descriptor_pb2.FileDescriptorProto(name="bvlc_state.proto", package="bvlc")
