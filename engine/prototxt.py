@@ -233,8 +233,8 @@ class _Parser:
 def parse_text(text, filename="<string>", type_name="NetParameter"):
     """Parse prototxt ``text`` as message ``type_name``; errors name ``filename:line:col``.
 
-    Old nets (V0/V1 ``layers``) and solvers (``solver_type``) come back upgraded, as Caffe's
-    readers return them (``engine.upgrade``)."""
+    Old nets (V0/V1 ``layers``, also inline in a solver) come back upgraded, as Caffe's readers
+    return them (``engine.upgrade``)."""
     p = _Parser(text, filename)
     msg = Message(type_name, filename)
     msg._locs[None] = (1, 1)
@@ -242,7 +242,6 @@ def parse_text(text, filename="<string>", type_name="NetParameter"):
     if type_name == "NetParameter":
         msg = upgrade.upgrade_net(msg)
     elif type_name == "SolverParameter":
-        upgrade.upgrade_solver(msg)
         for field in ("net_param", "train_net_param"):
             if msg.has(field):
                 setattr(msg, field, upgrade.upgrade_net(getattr(msg, field)))
@@ -252,9 +251,9 @@ def parse_text(text, filename="<string>", type_name="NetParameter"):
 
 
 def parse_file(path, type_name="NetParameter"):
-    """Parse the prototxt file at ``path`` (upgraded as ``parse_text`` does); every field is
-    checked against its allowed values (``engine.validate``), so a bad value fails here, naming
-    its file:line:col."""
+    """Parse the prototxt file at ``path`` (upgraded as ``parse_text`` does, and a solver's old
+    ``solver_type`` enum moved into ``type``); every field is checked against its allowed values
+    (``engine.validate``), so a bad value fails here, naming its file:line:col."""
     try:
         with open(path, "rb") as f:
             raw = f.read()
@@ -267,7 +266,10 @@ def parse_file(path, type_name="NetParameter"):
         col = e.start - (raw.rfind(b"\n", 0, e.start) + 1) + 1
         raise PrototxtError(f"{path}:{line}:{col}: byte 0x{raw[e.start]:02x} at offset {e.start} "
                             f"is not valid UTF-8; prototxt files must be UTF-8 text") from None
-    return validate(parse_text(text, str(path), type_name))
+    msg = parse_text(text, str(path), type_name)
+    if type_name == "SolverParameter":
+        upgrade.upgrade_solver(msg)
+    return validate(msg)
 
 
 def parse_layer(text, filename="<string>"):

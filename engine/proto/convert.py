@@ -2,9 +2,8 @@
 
 Enum values are names in a Message and numbers in a pb2 object; ``bytes`` fields hold ``str`` in a
 Message (the text parser yields one character per byte, code points 0-255) and ``bytes`` in pb2.
-Only set fields are copied, so has-bits survive both ways. Large repeated float fields (blob data)
-can be left out of the Message with ``skip``, for callers that read them from the pb2 object
-directly as NumPy arrays.
+Only set fields are copied, so has-bits survive both ways. (Model blobs are read from the pb2
+objects directly as NumPy arrays, engine.proto.blobs, not through Messages.)
 """
 from engine.errors import PrototxtError
 from engine.message import Message
@@ -52,23 +51,18 @@ def _scalar_to_pb(spec, v):
     return v
 
 
-def from_pb(pb, where="<binary>", skip=()):
-    """A Message with the set fields of ``caffe_pb2`` object ``pb`` (``where`` names its file).
-
-    ``skip``: field names (of any message) not to copy, e.g. ``("data", "diff")`` of BlobProto.
-    """
+def from_pb(pb, where="<binary>"):
+    """A Message with the set fields of ``caffe_pb2`` object ``pb`` (``where`` names its file)."""
     type_name = pb.DESCRIPTOR.name
     msg = Message(type_name, where)
     fields = SCHEMA[type_name]
     for fd, value in pb.ListFields():
-        spec = fields.get(fd.name)
-        if spec is None or (fd.name in skip):
-            continue
+        spec = fields[fd.name]
         if spec.is_message:
             if spec.repeated:
-                msg._values[fd.name] = [from_pb(v, where, skip) for v in value]
+                msg._values[fd.name] = [from_pb(v, where) for v in value]
             else:
-                msg._values[fd.name] = from_pb(value, where, skip)
+                msg._values[fd.name] = from_pb(value, where)
         elif spec.repeated:
             msg._values[fd.name] = [_scalar_from_pb(spec, v) for v in value]
         else:
