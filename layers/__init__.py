@@ -24,3 +24,17 @@ from layers import sequence_data  # noqa: F401
 from layers import image_data  # noqa: F401
 from layers import hdf5_data  # noqa: F401
 from layers import data  # noqa: F401
+from layers import neuron_more  # noqa: F401
+from layers import prelu  # noqa: F401
+from layers import batch_norm  # noqa: F401
+from layers import mvn  # noqa: F401
+from layers import reduction  # noqa: F401
+from layers import tile  # noqa: F401
+from layers import crop  # noqa: F401
+from layers import silence  # noqa: F401
+from layers import parameter  # noqa: F401
+from layers import embed  # noqa: F401
+from layers import batch_reindex  # noqa: F401
+from layers import filter  # noqa: F401
+from layers import argmax  # noqa: F401
+from layers import spp  # noqa: F401
