@@ -11,6 +11,9 @@ Nets, oldest first:
   ``param`` (share names), ``blob_share_mode``, ``blobs_lr`` and ``weight_decay`` become one
   ``ParamSpec`` (name, share_mode, lr_mult, decay_mult) per blob; the rest is copied.
 
+* BatchNorm layers that declare all three params (the old way of keeping the solver off its
+  statistics) get lr_mult 0 and decay_mult 0 on each, other ParamSpec fields kept.
+
 The net's ``input``/``input_dim`` fields are turned into an Input layer later, by
 ``engine.net_graph.upgrade_net_input``, as before.
 
@@ -110,6 +113,7 @@ def net_needs_upgrade(net):
 def upgrade_net(net):
     """Return ``net`` in today's form (a new Message when it had V0/V1 ``layers``)."""
     if not net.has("layers"):
+        _upgrade_batch_norm(net)
         return net
     if net.has("layer"):
         raise PrototxtError(f"{net.location('layers')}: the net has both 'layer' (current) and "
@@ -122,7 +126,17 @@ def upgrade_net(net):
     out = net.copy()
     out.clear("layers")
     out.layer = [_v1_to_layer(l) for l in layers]
+    _upgrade_batch_norm(out)
     return out
+
+
+def _upgrade_batch_norm(net):
+    """Caffe's UpgradeNetBatchNorm (in place)."""
+    for layer in net.layer:
+        if layer.type == "BatchNorm" and len(layer.param) == 3:
+            for spec in layer.param:
+                spec.lr_mult = 0.0
+                spec.decay_mult = 0.0
 
 
 def upgrade_solver(solver):

@@ -143,3 +143,13 @@ def test_binary_v1_caffemodel_upgrades(tmp_path):
     blob = fc.blobs[0]
     assert (blob.num, blob.channels, blob.height, blob.width) == (1, 1, 2, 3)
     assert numpy.array(blob.data).tolist() == [1, 2, 3, 4, 5, 6]
+
+
+def test_batch_norm_with_three_params_gets_zero_rates():
+    text = ('layer { name: "bn" type: "BatchNorm" bottom: "x" top: "x"\n'
+            '  param { lr_mult: 1 name: "m" } param { lr_mult: 1 } param { lr_mult: 1 } }\n'
+            'layer { name: "bn2" type: "BatchNorm" bottom: "x" top: "x" param { lr_mult: 1 } }\n')
+    net = parse_text(text)
+    assert [(p.lr_mult, p.decay_mult) for p in net.layer[0].param] == [(0.0, 0.0)] * 3
+    assert net.layer[0].param[0].name == "m"
+    assert [p.lr_mult for p in net.layer[1].param] == [1.0]   # not the old 3-param form
