@@ -1,10 +1,12 @@
 """Binary model/solver-state/mean files: files built with caffe_pb2 directly (independent of
 engine.model_io's writer) load with the right blobs, and what caffe8 writes reads back with plain
 caffe_pb2 as Caffe would read it."""
+import os
+
 import h5py
 import numpy
 import pytest
-from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+from google.protobuf import descriptor_pb2, descriptor_pool, message_factory, text_format
 
 from engine import model_io, snapshot
 from engine.datum import read_mean_file, write_mean_file
@@ -123,6 +125,35 @@ def test_binary_round_trip_read_back_with_protobuf(tmp_path):
     dst.copy_trained_layers_from(path)
     for mine, theirs in zip(dst.params["ip"], src.params["ip"]):
         numpy.testing.assert_array_equal(mine.data, theirs.data)
+
+
+def test_real_net_written_as_caffe_would_and_read_back(tmp_path):
+    """BVLC's LeNet deploy net with the real layers: the binary model holds each layer's
+    parameters (compared with protobuf's own text parser on the prototxt) and its blobs."""
+    proto = os.path.join(os.path.dirname(__file__), "..", "data", "bvlc", "examples", "mnist",
+                         "lenet.prototxt")
+    src = Net(proto, phase="TEST")
+    path = str(tmp_path / "lenet.caffemodel")
+    model_io.save_model(src, path)
+    written = caffe_pb2.NetParameter.FromString(open(path, "rb").read())
+    declared = text_format.Parse(open(proto).read(), caffe_pb2.NetParameter())
+    by_name = {l.name: l for l in written.layer}
+    for layer in declared.layer:
+        got = by_name[layer.name]
+        assert (got.type, list(got.bottom), list(got.top)) == (layer.type, list(layer.bottom),
+                                                               list(layer.top))
+        for field in ("convolution_param", "pooling_param", "inner_product_param"):
+            if layer.HasField(field):
+                assert getattr(got, field) == getattr(layer, field), (layer.name, field)
+        assert [p.lr_mult for p in got.param] == [p.lr_mult for p in layer.param]
+    assert [list(b.shape.dim) for b in by_name["conv1"].blobs] == [[20, 1, 5, 5], [20]]
+    assert [list(b.shape.dim) for b in by_name["ip1"].blobs] == [[500, 800], [500]]
+    fresh = Net(proto, phase="TEST")
+    assert not numpy.array_equal(fresh.params["conv1"][0].data, src.params["conv1"][0].data)
+    dst = Net(proto, phase="TEST", weights=path)
+    for name in ("conv1", "conv2", "ip1", "ip2"):
+        for mine, theirs in zip(dst.params[name], src.params[name]):
+            numpy.testing.assert_array_equal(mine.data, theirs.data)
 
 
 def test_double_net_writes_double_data(tmp_path):
