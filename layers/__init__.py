@@ -38,3 +38,14 @@ from layers import batch_reindex  # noqa: F401
 from layers import filter  # noqa: F401
 from layers import argmax  # noqa: F401
 from layers import spp  # noqa: F401
+from layers import contrastive_loss  # noqa: F401
+from layers import hinge_loss  # noqa: F401
+from layers import infogain_loss  # noqa: F401
+from layers import multinomial_logistic_loss  # noqa: F401
+from layers import sigmoid_cross_entropy_loss  # noqa: F401
+from layers import lstm_unit  # noqa: F401
+from layers import recurrent  # noqa: F401
+from layers import python_layer  # noqa: F401
+from layers import memory_data  # noqa: F401
+from layers import hdf5_output  # noqa: F401
+from layers import window_data  # noqa: F401
