@@ -18,7 +18,7 @@ from collections import OrderedDict
 
 import numpy
 
-from engine import backend, net_hdf5
+from engine import backend, model_io, net_hdf5
 from engine.blob import Blob
 from engine.errors import CaffeError, LayerError
 from engine.layer import create_layer
@@ -398,9 +398,14 @@ class Net:
         return self.param_owners[self.param_layer_indices.index((i, k))] is None
 
     def copy_trained_layers_from(self, path):
-        """Load a Caffe-layout HDF5 model (``/data/<layer>/<i>``) by layer name."""
-        net_hdf5.copy_trained_layers(self, path)
+        """Load trained params by layer name from a binary ``.caffemodel`` or an HDF5 ``.h5``
+        model (``engine.model_io.load_weights``)."""
+        model_io.load_weights(self, path)
 
     def to_hdf5(self, path, write_diff=False):
         """Write Caffe's HDF5 model layout (``engine.net_hdf5``)."""
         net_hdf5.write_model(self, path, write_diff)
+
+    def to_proto(self, write_diff=False):
+        """Caffe's ``Net::ToProto``: a caffe_pb2.NetParameter with every layer's blobs."""
+        return model_io.net_to_proto(self, write_diff)

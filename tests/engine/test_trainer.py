@@ -8,7 +8,7 @@ import h5py
 import numpy
 import pytest
 
-from engine.errors import CaffeError, SolverError
+from engine.errors import CaffeError, PrototxtError, SolverError
 from engine.glog import GLog
 from engine.prototxt import parse_file, parse_text, to_text
 from engine.trainer import Trainer
@@ -145,7 +145,8 @@ def test_log_parses_with_caffe_parse_log_rules(in_digits_cwd, tmp_path):
      ["test_state", "2 test net"]),
 ])
 def test_bad_solver_values_name_the_field(in_digits_cwd, tmp_path, fields, words):
-    with pytest.raises(SolverError) as e:
+    # values outside caffe.proto's allowed ranges/choices fail when the file is parsed
+    with pytest.raises((SolverError, PrototxtError)) as e:
         Trainer(write_solver(tmp_path, **fields))
     for w in words:
         assert w in str(e.value)
