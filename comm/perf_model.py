@@ -154,8 +154,8 @@ def iteration_time(layers, codec, network, p, schedule="hierarchical", overlap=T
             comm_free = max(t, comm_free) + c
         elif c:
             t += c
-    compute = forward + sum(layer.backward for layer in layers) + update
     end = max(t, comm_free) + update
+    compute = forward + sum(layer.backward for layer in layers) + update
     return {"iteration": end, "compute": compute, "comm": comm_total, "exposed": end - compute}
 
 
