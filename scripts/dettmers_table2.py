@@ -120,6 +120,7 @@ def main(argv=None):
     p.add_argument("--csv", default="runs/dettmers_table2.csv")
     p.add_argument("--rounding", choices=("nearest", "seed"), default="nearest",
                    help="nearest table value, or the paper's binary search")
+    p.add_argument("--png", default="", help="also plot mean relative error, ours vs the paper")
     args = p.parse_args(argv)
     rows = []
     for dist in DISTRIBUTIONS:
@@ -138,6 +139,8 @@ def main(argv=None):
         w = csv.DictWriter(f, list(rows[0]))
         w.writeheader()
         w.writerows(rows)
+    if args.png:
+        plot(rows, args.png, args.rounding)
     print(f"{args.samples} samples per distribution, rounding {args.rounding}; CSV: {args.csv}\n")
     print("| Distribution | Data type | MAE seed | MAE ours | bias ours | MRE % seed | MRE % ours "
           "| MAE codec | MRE % codec |")
@@ -146,6 +149,29 @@ def main(argv=None):
         print(f"| {r['distribution']} | {r['data_type']} | {r['seed_mae']:g} | {r['ours_mae']:.3g} "
               f"| {r['ours_bias']:.2g} | {r['seed_mre_pct']:g} | {r['ours_mre_pct']:.3g} "
               f"| {r['codec_mae']:.3g} | {r['codec_mre_pct']:.3g} |")
+
+
+def plot(rows, path, rounding):
+    """Mean relative error per (distribution, data type): ours as bars, the paper's as marks."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(10, 4))
+    x = numpy.arange(len(rows))
+    colors = [f"C{KINDS.index(r['data_type'])}" for r in rows]
+    ax.bar(x, [r["ours_mre_pct"] for r in rows], color=colors, alpha=0.6,
+           label=f"ours ({rounding})")
+    ax.plot(x, [r["seed_mre_pct"] for r in rows], "k_", ms=14, mew=2, label="paper's Table 2")
+    ax.set_xticks(x)
+    ax.set_xticklabels([f"{r['distribution']}\n{r['data_type']}" for r in rows], rotation=90,
+                       fontsize=7)
+    ax.set_ylabel("mean relative error (%)")
+    ax.set_title(f"Dettmers' 8-bit data types, rounding {rounding}: ours vs the paper", fontsize=10)
+    ax.grid(alpha=0.3, axis="y")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 if __name__ == "__main__":

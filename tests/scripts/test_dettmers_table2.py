@@ -35,7 +35,9 @@ def test_approximate_seed_vs_nearest_on_linear_quantisation():
 @pytest.mark.parametrize("rounding", ["nearest", "seed"])
 def test_csv(tmp_path, rounding):
     out = tmp_path / "t2.csv"
-    t2.main(["--samples", "20000", "--rounding", rounding, "--csv", str(out)])
+    png = tmp_path / "t2.png"
+    t2.main(["--samples", "20000", "--rounding", rounding, "--csv", str(out), "--png", str(png)])
+    assert png.read_bytes()[:4] == b"\x89PNG"
     with open(out) as f:
         rows = list(csv.DictReader(f))
     assert len(rows) == 16 and {r["rounding"] for r in rows} == {rounding}
