@@ -91,8 +91,11 @@ class Datum(_Message):
 
 
 def _message_class(type_name):
-    return type(type_name, (_Message,), {"__slots__": (), "_TYPE": type_name,
-                                         "__module__": __name__})
+    attrs = {"__slots__": (), "_TYPE": type_name, "__module__": __name__}
+    for spec in SCHEMA[type_name].values():  # nested enum values: SolverParameter.CPU
+        if spec.type in ENUMS:
+            attrs.update({value: value for value in ENUMS[spec.type]})
+    return type(type_name, (_Message,), attrs)
 
 
 NetParameter = _message_class("NetParameter")
