@@ -1,10 +1,13 @@
-"""The caffe8 command: inspect, time, test, train --weights, through main() as a user calls it."""
+"""The caffe8 command: inspect, time, test, train --weights, through main() as a user calls it,
+in Caffe's spellings (-solver, -weights ...) as well as --long ones."""
 import os
 import re
+import signal
 
 import pytest
 
-from caffe8.cli import main
+from caffe8.cli import _install_signal_handlers, build_parser, main, translate_caffe_flags
+from engine import backend
 from tests.engine.trainer_util import REPO, write_solver
 
 
@@ -39,8 +42,11 @@ def test_train_then_test_then_finetune(in_digits_cwd, tmp_path, capsys):
     # --weights initialises a new run from the model: its first test is already good
     solver2 = write_solver(tmp_path / "ft", max_iter=1, display=0, test_interval=1, test_iter=[6],
                            snapshot=0, snapshot_after_train=False)
-    assert main(["train", "--solver", solver2, "--weights", str(model)]) == 0
+    assert main(["train", "-solver", solver2, "-weights", str(model)]) == 0  # Caffe's spelling
     err = capsys.readouterr().err
+    assert f"Finetuning from {model}" in err
+    assert "Gradient exchange: none (1 process)" in err
+    assert err.index("Finetuning from") < err.index("Solving")
     first = float(re.findall(r"Test net output #0: accuracy = ([\d.e+-]+)", err)[0])
     assert first == pytest.approx(acc, abs=1e-6)
 
@@ -51,3 +57,105 @@ def test_errors_are_one_line_without_traceback(tmp_path, capsys):
     assert main(["train", "--solver", str(bad)]) == 1
     err = capsys.readouterr().err
     assert "caffe8: error:" in err and "x.prototxt" in err and "Traceback" not in err
+
+
+def test_caffe_flags_translate_to_long_options():
+    argv = ["train", "-solver", "s.prototxt", "-weights=w.h5", "-gpu", "all", "-sigint_effect",
+            "none", "-h", "-level", "-1", "-stage", "a,b", "-log_dir", "logs"]
+    assert translate_caffe_flags(argv) == [
+        "train", "--solver", "s.prototxt", "--weights=w.h5", "--gpu", "all", "--sigint_effect",
+        "none", "-h", "--level", "-1", "--stage", "a,b", "--log_dir", "logs"]
+    args = build_parser().parse_args(translate_caffe_flags(
+        ["train", "-solver", "s", "-sigint_effect", "snapshot", "-stage", "a,b", "-level", "2"]))
+    assert (args.solver, args.sigint_effect, args.sighup_effect, args.stage, args.level) == \
+        ("s", "snapshot", "snapshot", ["a,b"], 2)
+    # the benchmark script's own flags pass through untouched
+    assert translate_caffe_flags(["bench", "-solver"]) == ["bench", "-solver"]
+
+
+@pytest.mark.parametrize("command", ["train", "test", "time", "device_query", "inspect", "bench"])
+def test_every_subcommand_answers_help(command, capsys):
+    with pytest.raises(SystemExit) as e:
+        main([command, "--help"])
+    assert e.value.code == 0
+    out = capsys.readouterr().out
+    assert out.startswith("usage:") and "--help" in out
+
+
+def test_time_in_caffe_spelling_and_gpu_without_a_gpu(capsys):
+    model = os.path.join(REPO, "prototxt/lenet/train_val_small.prototxt")
+    assert main(["time", "-model", model, "-iterations", "1", "-phase", "TEST"]) == 0
+    assert "Average Forward-Backward:" in capsys.readouterr().err
+    if not backend.gpu_available():
+        assert main(["time", "-model", model, "-iterations", "1", "-gpu", "0"]) == 1
+        assert "--gpu 0 given but no CUDA GPU" in capsys.readouterr().err
+
+
+@pytest.mark.gpu
+def test_time_on_gpu_0(capsys):
+    model = os.path.join(REPO, "prototxt/lenet/train_val_small.prototxt")
+    try:
+        assert main(["time", "-model", model, "-iterations", "2", "-gpu", "0"]) == 0
+    finally:
+        backend.use_cpu()
+    assert re.search(r"conv1\tforward: [\d.e+-]+ ms\.", capsys.readouterr().err)
+
+
+def test_tf32_flag_calls_the_backend_switch_or_says_it_is_missing(monkeypatch, capsys):
+    model = os.path.join(REPO, "prototxt/lenet/train_val_small.prototxt")
+    monkeypatch.delattr(backend, "set_tf32", raising=False)
+    assert main(["time", "-model", model, "-iterations", "1", "--tf32"]) == 1
+    assert "--tf32: this build has no TF32 switch" in capsys.readouterr().err
+    calls = []
+    monkeypatch.setattr(backend, "set_tf32", lambda on: calls.append(on) or "TF32 line",
+                        raising=False)
+    assert main(["time", "-model", model, "-iterations", "1", "--tf32"]) == 0
+    assert calls == [True] and "] TF32 line" in capsys.readouterr().err
+
+
+def test_inspect_train_val_without_its_data(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # no data/ here
+    assert main(["inspect", os.path.join(REPO, "prototxt/caffenet/train_val.prototxt")]) == 0
+    out = capsys.readouterr().out.strip().splitlines()
+    # batch_size 256, three mean values → 3 channels, crop_size 227
+    assert out[0].split()[:4] == ["data", "Input", "top", "256x3x227x227"]
+    assert out[-1] == "Total parameters: 60965224"  # CaffeNet's well-known count
+    digits = os.path.join(REPO, "prototxt/digits/train_val.prototxt")
+    assert main(["inspect", digits]) == 1  # no crop/mean: the shape is in the data only
+    err = capsys.readouterr().err
+    assert "--data-shape data=..." in err and "--data-shape label=..." in err
+    assert "Traceback" not in err
+    assert main(["inspect", digits, "-data_shape", "data=32,1,8,8", "--data-shape", "label=32",
+                 "-phase", "TEST"]) == 0
+    out = capsys.readouterr().out.strip().splitlines()
+    assert out[0].split()[:4] == ["digits", "Input", "top", "32x1x8x8"]
+    assert out[-1] == "Total parameters: 53002"  # (32·9+32) + (64·32·9+64) + (128·256+128) + (10·128+10)
+
+
+def test_signal_effects(capsys):
+    class Trainer:
+        def __init__(self):
+            self.requests = []
+
+        def request(self, what):
+            self.requests.append(what)
+
+    lines = []
+    old = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGHUP)
+    try:
+        t = Trainer()
+        _install_signal_handlers(t, lines.append, "snapshot", "none")
+        os.kill(os.getpid(), signal.SIGHUP)
+        os.kill(os.getpid(), signal.SIGINT)
+        assert t.requests == ["snapshot"]
+        assert lines == ["SIGHUP received; ignored (-sighup_effect none)"]
+        with pytest.raises(KeyboardInterrupt):  # a second SIGINT stops at once
+            os.kill(os.getpid(), signal.SIGINT)
+        t = Trainer()
+        _install_signal_handlers(t, lines.append)  # Caffe's defaults
+        os.kill(os.getpid(), signal.SIGHUP)
+        os.kill(os.getpid(), signal.SIGINT)
+        assert t.requests == ["snapshot", "stop"]
+    finally:
+        signal.signal(signal.SIGINT, old[0])
+        signal.signal(signal.SIGHUP, old[1])
