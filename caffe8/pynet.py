@@ -262,11 +262,18 @@ class Net:
         if not kwargs:
             return {k: backend.to_numpy(v).copy() for k, v in self.forward(blobs=blobs).items()}
         outs = {name: [] for name in dict.fromkeys(self.outputs + list(blobs or []))}
+        per_batch = set()  # outputs without a batch axis (a loss): one value per batch
         for batch in self._batch(kwargs):
             for name, value in self.forward(blobs=blobs, **batch).items():
-                outs[name].extend(backend.to_numpy(value).copy())
+                value = backend.to_numpy(value).copy()
+                if value.ndim == 0:
+                    per_batch.add(name)
+                    outs[name].append(value)
+                else:
+                    outs[name].extend(value)
         num = len(next(iter(kwargs.values())))
-        return {name: numpy.asarray(v)[:num] for name, v in outs.items()}
+        return {name: numpy.asarray(v) if name in per_batch else numpy.asarray(v)[:num]
+                for name, v in outs.items()}
 
     def forward_backward_all(self, blobs=None, diffs=None, **kwargs):
         """Forward and backward batch by batch; ({blob: outputs}, {blob: diffs})."""
@@ -280,9 +287,11 @@ class Net:
             fb = f_batches[k] if k < len(f_batches) else {}
             bb = b_batches[k] if k < len(b_batches) else {}
             for name, value in self.forward(blobs=blobs, **fb).items():
-                outs[name].extend(backend.to_numpy(value).copy())
+                value = backend.to_numpy(value).copy()
+                outs[name].extend(value if value.ndim else [value])
             for name, value in self.backward(diffs=diffs, **bb).items():
-                grads[name].extend(backend.to_numpy(value).copy())
+                value = backend.to_numpy(value).copy()
+                grads[name].extend(value if value.ndim else [value])
         num = len(next(iter(kwargs.values()))) if kwargs else None
         return ({n: numpy.asarray(v)[:num] for n, v in outs.items()},
                 {n: numpy.asarray(v)[:num] for n, v in grads.items()})
