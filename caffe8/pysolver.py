@@ -67,7 +67,10 @@ class Solver:
 
     @property
     def type(self):
-        return type(self._trainer.solver).__name__
+        """Caffe's type string of the algorithm ("SGD", "Adam", ...)."""
+        from engine.solver import SOLVERS
+        cls = type(self._trainer.solver)
+        return next(name for name, c in SOLVERS.items() if c is cls)
 
     def step(self, iters):
         """Run ``iters`` iterations (tests, display and snapshots as the solver file says)."""
