@@ -10,6 +10,7 @@ register_all()
 
 from caffe8 import io, proto  # noqa: E402
 from caffe8.classifier import Classifier  # noqa: E402
+from caffe8.detector import Detector  # noqa: E402
 from caffe8.device import (layer_type_list, set_device, set_mode_cpu, set_mode_gpu,  # noqa: E402
                            set_random_seed)
 from caffe8.net_spec import NetSpec, layers, params, to_proto  # noqa: E402
@@ -25,5 +26,5 @@ TRAIN, TEST = 0, 1
 __all__ = ["Net", "Blob", "Layer", "TRAIN", "TEST", "Solver", "SGDSolver", "NesterovSolver",
            "AdaGradSolver", "RMSPropSolver", "AdaDeltaSolver", "AdamSolver", "get_solver",
            "set_mode_cpu", "set_mode_gpu", "set_device", "set_random_seed", "layer_type_list",
-           "io", "proto", "Classifier", "NetSpec", "layers", "params", "to_proto",
+           "io", "proto", "Classifier", "Detector", "NetSpec", "layers", "params", "to_proto",
            "init_log", "log"]
