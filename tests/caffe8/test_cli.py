@@ -159,3 +159,31 @@ def test_signal_effects(capsys):
     finally:
         signal.signal(signal.SIGINT, old[0])
         signal.signal(signal.SIGHUP, old[1])
+
+
+@pytest.mark.mpi
+def test_mpiexec_logs_the_default_fp8_exchange_once(in_digits_cwd, tmp_path):
+    import shutil
+    import subprocess
+    import sys
+    from engine.prototxt import parse_file, to_text
+    from tests.engine.trainer_util import DIGITS_SOLVER, DIGITS_NET
+    mpiexec = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+    mpiexec = mpiexec if os.path.exists(mpiexec) else shutil.which("mpiexec")
+    if mpiexec is None:
+        pytest.skip("no mpiexec")
+    sp = parse_file(DIGITS_SOLVER, "SolverParameter")
+    sp.clear("comm")  # no comm block: the defaults apply
+    sp.net, sp.max_iter, sp.display, sp.test_interval = DIGITS_NET, 4, 0, 0
+    sp.test_iter, sp.snapshot_after_train = [], False
+    solver = tmp_path / "solver.prototxt"
+    solver.write_text(to_text(sp))
+    r = subprocess.run([mpiexec, "-n", "2", sys.executable, "-m", "caffe8.cli", "train",
+                        "-solver", str(solver)], cwd=str(in_digits_cwd),
+                       env=dict(os.environ, PYTHONPATH=REPO), stdout=subprocess.PIPE,
+                       stderr=subprocess.STDOUT, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout[-3000:]
+    lines = [l for l in r.stdout.splitlines() if "Gradient exchange:" in l]
+    assert len(lines) == 1, r.stdout[-3000:]  # rank 0 only
+    assert lines[0].endswith("] Gradient exchange: fp8 (ratio, q=0.95), hierarchical, "
+                             "2 processes on 1 node, asynchronous")
