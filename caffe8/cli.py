@@ -206,6 +206,7 @@ def cmd_test(args):
     log = _logger(args, world)
     select_device(args.gpu, None, 0, world, log)
     level, stages = _net_state(args)
+    log(f"Copying layers from {args.weights}")
     run_test(_filtered_model(args.model, level, stages), args.weights, args.iterations, world, log)
     return 0
 

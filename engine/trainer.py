@@ -14,7 +14,7 @@ from engine import backend
 from engine.errors import CaffeError, SolverError
 from engine.glog import fmt
 from engine.net import Net
-from engine.prototxt import parse_file
+from engine.prototxt import parse_file, to_text
 from engine.snapshot import atomic_write, load_solverstate, save_solverstate
 from engine.solver import create_solver
 from engine.tester import average_outputs, output_values
@@ -50,6 +50,7 @@ class Trainer:
         self.timing = timing
         self._validate()
         p = self.param
+        self.log("Initializing solver from parameters: \n" + to_text(p))
         if p.random_seed >= 0:
             backend.seed(int(p.random_seed) + self.world.rank)
         self.net = self._build_train_net()

@@ -37,6 +37,7 @@ def test_train_then_test_then_finetune(in_digits_cwd, tmp_path, capsys):
     assert main(["test", "--model", os.path.join(REPO, "prototxt/digits/train_val.prototxt"),
                  "--weights", str(model), "--iterations", "6"]) == 0
     err = capsys.readouterr().err
+    assert f"Copying layers from {model}" in err
     acc = float(re.findall(r"\] accuracy = ([\d.e+-]+)", err)[-1])
     assert acc > 0.8
     # --weights initialises a new run from the model: its first test is already good
