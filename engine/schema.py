@@ -22,6 +22,7 @@ enum SolverMode { CPU = 0; GPU = 1; }
 enum SnapshotFormat { HDF5 = 0; BINARYPROTO = 1; }
 enum SolverType { SGD = 0; NESTEROV = 1; ADAGRAD = 2; RMSPROP = 3; ADADELTA = 4; ADAM = 5; }
 enum ReductionOp { SUM = 1; ASUM = 2; SUMSQ = 3; MEAN = 4; }
+enum Norm { L1 = 1; L2 = 2; }
 
 message BlobShape { repeated int64 dim = 1; }
 message BlobProto {
@@ -70,7 +71,18 @@ message LayerParameter {
   optional FlattenParameter flatten_param = 135; optional BiasParameter bias_param = 141;
   optional ScaleParameter scale_param = 142; optional InputParameter input_param = 143;
   optional RecurrentParameter recurrent_param = 146; optional EmulateParameter emulate_param = 1008;
-  optional SequenceDataParameter sequence_data_param = 1009; }
+  optional SequenceDataParameter sequence_data_param = 1009;
+  optional MVNParameter mvn_param = 120; optional ThresholdParameter threshold_param = 128;
+  optional PReLUParameter prelu_param = 131; optional SPPParameter spp_param = 132;
+  optional ReductionParameter reduction_param = 136; optional EmbedParameter embed_param = 137;
+  optional TileParameter tile_param = 138; optional BatchNormParameter batch_norm_param = 139;
+  optional ELUParameter elu_param = 140; optional CropParameter crop_param = 144;
+  optional ParameterParameter parameter_param = 145; optional SwishParameter swish_param = 147;
+  optional ClipParameter clip_param = 148;
+  optional ContrastiveLossParameter contrastive_loss_param = 105;
+  optional HingeLossParameter hinge_loss_param = 114; optional InfogainLossParameter infogain_loss_param = 116;
+  optional MemoryDataParameter memory_data_param = 119; optional WindowDataParameter window_data_param = 129;
+  optional PythonParameter python_param = 130; }
 
 message TransformationParameter { optional float scale = 1 [default = 1]; optional bool mirror = 2 [default = false];
   optional uint32 crop_size = 3 [default = 0]; optional string mean_file = 4; repeated float mean_value = 5;
@@ -149,6 +161,39 @@ message SequenceDataParameter { optional uint32 batch_size = 1; optional uint32 
   optional uint32 vocab_size = 3 [default = 8]; optional uint32 delay = 4 [default = 1];
   optional uint32 input_dim = 5 [default = 0]; optional uint32 sequence_length = 6 [default = 0];
   optional int64 seed = 7 [default = 1]; optional int32 ignore_label = 8 [default = -1]; }
+message BatchNormParameter { optional bool use_global_stats = 1;
+  optional float moving_average_fraction = 2 [default = .999]; optional float eps = 3 [default = 1e-5]; }
+message ClipParameter { optional float min = 1; optional float max = 2; }
+message CropParameter { optional int32 axis = 1 [default = 2]; repeated uint32 offset = 2; }
+message ELUParameter { optional float alpha = 1 [default = 1]; }
+message EmbedParameter { optional uint32 num_output = 1; optional uint32 input_dim = 2;
+  optional bool bias_term = 3 [default = true]; optional FillerParameter weight_filler = 4;
+  optional FillerParameter bias_filler = 5; }
+message MVNParameter { optional bool normalize_variance = 1 [default = true];
+  optional bool across_channels = 2 [default = false]; optional float eps = 3 [default = 1e-9]; }
+message ParameterParameter { optional BlobShape shape = 1; }
+message PReLUParameter { optional FillerParameter filler = 1; optional bool channel_shared = 2 [default = false]; }
+message ReductionParameter { optional ReductionOp operation = 1 [default = SUM]; optional int32 axis = 2 [default = 0];
+  optional float coeff = 3 [default = 1.0]; }
+message SPPParameter { optional uint32 pyramid_height = 1; optional PoolMethod pool = 2 [default = MAX];
+  optional Engine engine = 6 [default = DEFAULT]; }
+message SwishParameter { optional float beta = 1 [default = 1]; }
+message ThresholdParameter { optional float threshold = 1 [default = 0]; }
+message TileParameter { optional int32 axis = 1 [default = 1]; optional int32 tiles = 2; }
+message ContrastiveLossParameter { optional float margin = 1 [default = 1.0];
+  optional bool legacy_version = 2 [default = false]; }
+message HingeLossParameter { optional Norm norm = 1 [default = L1]; }
+message InfogainLossParameter { optional string source = 1; optional int32 axis = 2 [default = 1]; }
+message MemoryDataParameter { optional uint32 batch_size = 1; optional uint32 channels = 2;
+  optional uint32 height = 3; optional uint32 width = 4; }
+message WindowDataParameter { optional string source = 1; optional float scale = 2 [default = 1];
+  optional string mean_file = 3; optional uint32 batch_size = 4; optional uint32 crop_size = 5 [default = 0];
+  optional bool mirror = 6 [default = false]; optional float fg_threshold = 7 [default = 0.5];
+  optional float bg_threshold = 8 [default = 0.5]; optional float fg_fraction = 9 [default = 0.25];
+  optional uint32 context_pad = 10 [default = 0]; optional string crop_mode = 11 [default = "warp"];
+  optional bool cache_images = 12 [default = false]; optional string root_folder = 13 [default = ""]; }
+message PythonParameter { optional string module = 1; optional string layer = 2;
+  optional string param_str = 3 [default = ""]; optional bool share_in_parallel = 4 [default = false]; }
 
 message CommParameter {
   optional string codec = 1 [default = "fp8"]; optional bool relative = 2 [default = true];
