@@ -339,7 +339,7 @@ def build_parser():
     _add_state(m)
     _add_common(m)
     m.set_defaults(fn=cmd_time)
-    q = sub.add_parser("device_query", aliases=["device-query"],
+    q = sub.add_parser("device_query",
                        help="show the GPU(s) properties (Caffe's device_query)")
     q.add_argument("--gpu", help="device id(s), comma separated, or 'all' (default)")
     q.set_defaults(fn=cmd_device_query)
