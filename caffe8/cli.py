@@ -1,5 +1,4 @@
-"""``caffe8`` command line: train | test | time | device_query | inspect | bench, like Caffe's
-``caffe`` tool.
+"""``caffe8`` command line, as Caffe's tool: train | test | time | device_query | inspect | bench.
 
 Caffe's own spellings work as well as the ``--long`` ones: ``caffe8 train -solver S -weights W
 -gpu 0``, ``caffe8 time -model M -iterations 10``, ``-flag=value``. Run under ``mpiexec -n P``
@@ -237,34 +236,9 @@ def cmd_time(args):
 
 def cmd_device_query(args):
     """Caffe's ``device_query``: the properties of the GPU(s) given by -gpu (all by default)."""
-    from engine import backend
-    if not backend.gpu_available():
-        raise CaffeError("device_query: no CUDA GPU / CuPy is available on this machine")
-    runtime = backend.cupy.cuda.runtime
-    count = runtime.getDeviceCount()
-    if args.gpu in (None, "all"):
-        ids = list(range(count))
-    else:
-        try:
-            ids = [int(g) for g in str(args.gpu).split(",")]
-        except ValueError:
-            raise CaffeError(f"-gpu {args.gpu}: give device ids (0,1,...) or 'all'") from None
-    for i in ids:
-        if not 0 <= i < count:
-            raise CaffeError(f"-gpu {i}: no such device ({count} visible)")
-        p = runtime.getDeviceProperties(i)
-        name = p["name"].decode() if isinstance(p["name"], bytes) else p["name"]
-        print(f"Querying GPUs {i}")
-        for label, value in (("Device id", i), ("Major revision number", p["major"]),
-                             ("Minor revision number", p["minor"]), ("Name", name),
-                             ("Total global memory", p["totalGlobalMem"]),
-                             ("Total shared memory per block", p["sharedMemPerBlock"]),
-                             ("Total registers per block", p["regsPerBlock"]),
-                             ("Warp size", p["warpSize"]),
-                             ("Maximum threads per block", p["maxThreadsPerBlock"]),
-                             ("Clock rate", p["clockRate"]),
-                             ("Number of multiprocessors", p["multiProcessorCount"])):
-            print(f"{label + ':':<32}{value}")
+    from caffe8.device import device_query
+    for line in device_query(args.gpu):
+        print(line)
     return 0
 
 

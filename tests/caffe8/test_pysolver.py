@@ -1,10 +1,8 @@
 """pycaffe's solvers over the training loop: typed constructors, step/solve/snapshot/restore,
 Python callbacks, and the nets they expose."""
 import numpy
-import pytest
 
 import caffe8 as caffe
-from engine.errors import CaffeError
 from tests.engine.trainer_util import DIGITS_NET, write_solver
 
 FAST = dict(display=0, test_interval=0, test_iter=[], snapshot=0, snapshot_after_train=False)
@@ -57,26 +55,3 @@ def test_snapshot_restore_and_solve(in_digits_cwd, tmp_path):
     # the snapshot's model file loads into a pycaffe Net
     net = caffe.Net(DIGITS_NET, caffe.TEST, weights=model)
     numpy.testing.assert_array_equal(net.params["ip2"][0].data, w4)
-
-
-def test_set_random_seed_makes_fillers_repeatable(tmp_path):
-    path = tmp_path / "n.prototxt"
-    path.write_text('layer { name: "d" type: "Input" top: "d" input_param { shape { dim: 1 '
-                    'dim: 3 } } }\nlayer { name: "ip" type: "InnerProduct" bottom: "d" top: "ip" '
-                    'inner_product_param { num_output: 2 weight_filler { type: "gaussian" } } }')
-    caffe.set_random_seed(5)
-    a = caffe.Net(str(path), caffe.TEST).params["ip"][0].data.copy()
-    caffe.set_random_seed(5)
-    b = caffe.Net(str(path), caffe.TEST).params["ip"][0].data
-    c = caffe.Net(str(path), caffe.TEST).params["ip"][0].data
-    numpy.testing.assert_array_equal(a, b)
-    assert not numpy.array_equal(b, c)
-
-
-def test_gpu_mode_without_a_gpu_is_a_clear_error():
-    from engine import backend
-    if backend.gpu_available():
-        pytest.skip("a GPU is present")
-    with pytest.raises(CaffeError, match="no CUDA GPU"):
-        caffe.set_mode_gpu()
-    caffe.set_mode_cpu()
