@@ -64,7 +64,25 @@ class Blob:
 
 
 class Layer:
-    """pycaffe's layer view: ``type``, ``name``, ``blobs`` (its parameter Blobs), ``phase``."""
+    """pycaffe's ``caffe.Layer``: the base class of a ``type: "Python"`` layer.
+
+    Subclasses define ``setup(bottom, top)``, ``reshape(bottom, top)``, ``forward(bottom, top)``
+    and ``backward(top, propagate_down, bottom)``; caffe8 sets ``param_str``, ``phase`` (0
+    TRAIN, 1 TEST) and ``blobs`` (with ``add_blob(*shape)``) before ``setup``.
+    """
+
+    type = "Python"
+
+    def __init__(self, layer_param=None):
+        self.layer_param = layer_param
+        self.param_str = layer_param.python_param.param_str if layer_param is not None else ""
+        self.phase = 0
+        self.blobs = []
+
+
+class LayerView:
+    """A net's layer as pycaffe shows it: ``type``, ``name``, ``blobs`` (its parameter Blobs),
+    ``phase`` (0 / 1)."""
 
     def __init__(self, layer):
         self._layer = layer
@@ -78,7 +96,7 @@ class Layer:
         return [Blob(b) for b in self._layer.blobs]
 
     def __repr__(self):
-        return f"<caffe8 Layer {self.name} ({self.type})>"
+        return f"<caffe8 layer {self.name} ({self.type})>"
 
 
 def _parse_net_args(args, kwargs):
@@ -132,7 +150,7 @@ class Net:
     def _attach(self, net):
         self._net = net
         self._blob_views = OrderedDict((n, Blob(b)) for n, b in net.blobs.items())
-        self._layer_views = [Layer(l) for l in net.layers]
+        self._layer_views = [LayerView(l) for l in net.layers]
 
     # --- the graph ---------------------------------------------------------------------------
     @property

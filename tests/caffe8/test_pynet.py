@@ -204,3 +204,35 @@ layer { name: "data" type: "MemoryData" top: "data" top: "label"
     out = net.forward(blobs=["data"])
     numpy.testing.assert_array_equal(out["data"], data[:2])
     numpy.testing.assert_array_equal(out["label"].ravel(), [5, 6])
+
+
+def test_python_layer_subclassing_caffe_layer(tmp_path):
+    (tmp_path / "pyscale.py").write_text('''import caffe8 as caffe
+
+
+class Scale(caffe.Layer):
+    def setup(self, bottom, top):
+        self.k = float(self.param_str)
+        self.seen_phase = self.phase
+
+    def reshape(self, bottom, top):
+        top[0].reshape(*bottom[0].data.shape)
+
+    def forward(self, bottom, top):
+        top[0].data[...] = self.k * bottom[0].data
+
+    def backward(self, top, propagate_down, bottom):
+        bottom[0].diff[...] = self.k * top[0].diff
+''')
+    from engine.layer import LAYERS
+    if "Python" not in LAYERS:
+        pytest.skip("no Python layer in this build")
+    net = caffe.Net(_write(str(tmp_path / "p.prototxt"), """force_backward: true
+layer { name: "data" type: "Input" top: "data" input_param { shape { dim: 2 dim: 3 } } }
+layer { name: "scale" type: "Python" bottom: "data" top: "out"
+  python_param { module: "pyscale" layer: "Scale" param_str: "3" } }"""), caffe.TEST)
+    x = numpy.arange(6.0).reshape(2, 3)
+    numpy.testing.assert_allclose(net.forward(data=x)["out"], 3 * x)
+    numpy.testing.assert_allclose(net.backward(out=numpy.ones((2, 3)))["data"], 3.0)
+    assert net.layers[1].type == "Python" and net.layers[1].phase == caffe.TEST
+    assert net._net.layers[1].user.seen_phase == caffe.TEST  # set before setup, as pycaffe
