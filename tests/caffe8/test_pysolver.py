@@ -1,6 +1,7 @@
 """pycaffe's solvers over the training loop: typed constructors, step/solve/snapshot/restore,
 Python callbacks, and the nets they expose."""
 import numpy
+import pytest
 
 import caffe8 as caffe
 from tests.engine.trainer_util import DIGITS_NET, write_solver
@@ -55,3 +56,28 @@ def test_snapshot_restore_and_solve(in_digits_cwd, tmp_path):
     # the snapshot's model file loads into a pycaffe Net
     net = caffe.Net(DIGITS_NET, caffe.TEST, weights=model)
     numpy.testing.assert_array_equal(net.params["ip2"][0].data, w4)
+
+
+@pytest.mark.mpi
+def test_a_pycaffe_script_under_mpiexec_trains_data_parallel(in_digits_cwd, tmp_path):
+    import os
+    import re
+    import shutil
+    import subprocess
+    import sys
+    from tests.engine.trainer_util import REPO
+    mpiexec = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+    mpiexec = mpiexec if os.path.exists(mpiexec) else shutil.which("mpiexec")
+    if mpiexec is None:
+        pytest.skip("no mpiexec")
+    path = write_solver(tmp_path, max_iter=100, **FAST)
+    prog = os.path.join(REPO, "tests", "caffe8", "mpi_solver_prog.py")
+    r = subprocess.run([mpiexec, "-n", "2", sys.executable, prog, path, "5"],
+                       cwd=str(in_digits_cwd), env=dict(os.environ, PYTHONPATH=REPO),
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout[-3000:]
+    ranks = dict(re.findall(r"^rank (\d) iter 5 sha256 (\w+)$", r.stdout, re.M))
+    assert set(ranks) == {"0", "1"} and ranks["0"] == ranks["1"], r.stdout[-3000:]
+    assert len(re.findall(r"\] Gradient exchange: fp8 \(ratio, q=0\.95, fp32 for the first 20 "
+                          r"iterations\), hierarchical, 2 processes on 1 node, asynchronous",
+                          r.stdout)) == 1
