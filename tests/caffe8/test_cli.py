@@ -188,3 +188,24 @@ def test_mpiexec_logs_the_default_fp8_exchange_once(in_digits_cwd, tmp_path):
     assert len(lines) == 1, r.stdout[-3000:]  # rank 0 only
     assert lines[0].endswith("] Gradient exchange: fp8 (ratio, q=0.95), hierarchical, "
                              "2 processes on 1 node, asynchronous")
+
+
+def test_time_with_stage_level_and_log_dir(tmp_path, capsys):
+    model = tmp_path / "staged.prototxt"
+    model.write_text("""
+layer { name: "data" type: "DummyData" top: "data"
+  dummy_data_param { shape { dim: 2 dim: 3 } } }
+layer { name: "big" type: "InnerProduct" bottom: "data" top: "out"
+  include { stage: "big" min_level: 1 } inner_product_param { num_output: 4 } }
+layer { name: "small" type: "InnerProduct" bottom: "data" top: "out"
+  exclude { stage: "big" min_level: 1 } inner_product_param { num_output: 2 } }
+""")
+    logs = tmp_path / "logs"
+    assert main(["time", "-model", str(model), "-iterations", "1", "-stage", "big",
+                 "-level", "1", "-log_dir", str(logs)]) == 0
+    text = (logs / "caffe8.time.INFO").read_text()
+    assert re.search(r"big\tforward", text) and "small\tforward" not in text
+    capsys.readouterr()
+    assert main(["time", "-model", str(model), "-iterations", "1", "-stage", "big"]) == 0
+    err = capsys.readouterr().err                       # level 0 < min_level 1
+    assert re.search(r"small\tforward", err) and "big\tforward" not in err
