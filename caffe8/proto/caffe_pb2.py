@@ -7,12 +7,12 @@ Caffe's. Every message prints as prototxt text (``str(msg)``). Enum values are t
 import numpy
 
 from engine.datum import decode_blob_proto, decode_datum, encode_blob_proto, encode_datum
-from engine.prototxt import Message, parse_text, to_text
+from engine.prototxt import Message, to_text
 from engine.schema import ENUMS, SCHEMA
 
 
 class _Message(Message):
-    """A schema message that prints as prototxt and parses from prototxt text."""
+    """A schema message (keyword arguments set fields) that prints as prototxt text."""
 
     __slots__ = ()
     _TYPE = None
@@ -30,12 +30,6 @@ class _Message(Message):
             self.clear(name)
         for name in other.fields():
             setattr(self, name, getattr(other.copy(), name))
-
-    def MergeFromString(self, text):
-        parsed = parse_text(text.decode() if isinstance(text, bytes) else text, "<string>",
-                            self._TYPE)
-        for name in parsed.fields():
-            setattr(self, name, getattr(parsed, name))
 
 
 class BlobProto(_Message):
