@@ -47,7 +47,8 @@ def select_device(gpu, solver_mode, device_id, world, log):
             raise CaffeError(f"--gpu {gpu} given but no CUDA GPU / CuPy is available")
         log("solver_mode is GPU but no CUDA GPU / CuPy is available; running on the CPU")
         return
-    if gpu == "all":  # Caffe's -gpu all: every GPU of the node, one per process
+    gpu_all = gpu == "all"
+    if gpu_all:  # Caffe's -gpu all: every GPU of the node, one per process
         gpu = "0"
     try:
         base = int(gpu) if gpu is not None else device_id
@@ -56,6 +57,9 @@ def select_device(gpu, solver_mode, device_id, world, log):
                          "local rank") from None
     local = getattr(world, "local_rank", 0)
     count = backend.cupy.cuda.runtime.getDeviceCount()
+    if gpu_all and world.size == 1 and count > 1:
+        log(f"-gpu all: caffe8 drives one GPU per process; run under mpiexec -n {count} to use "
+            f"all {count} GPUs")
     backend.use_gpu((base + local) % count)
 
 

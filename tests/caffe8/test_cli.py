@@ -209,3 +209,21 @@ layer { name: "small" type: "InnerProduct" bottom: "data" top: "out"
     assert main(["time", "-model", str(model), "-iterations", "1", "-stage", "big"]) == 0
     err = capsys.readouterr().err                       # level 0 < min_level 1
     assert re.search(r"small\tforward", err) and "big\tforward" not in err
+
+
+def test_gpu_all_picks_one_gpu_per_process(monkeypatch):
+    from types import SimpleNamespace
+    from caffe8.cli import select_device
+    from engine.errors import CaffeError
+    used, lines = [], []
+    runtime = SimpleNamespace(getDeviceCount=lambda: 4)
+    monkeypatch.setattr(backend, "gpu_available", lambda: True)
+    monkeypatch.setattr(backend, "cupy", SimpleNamespace(cuda=SimpleNamespace(runtime=runtime)))
+    monkeypatch.setattr(backend, "use_gpu", used.append)
+    select_device("all", None, 0, SimpleNamespace(size=4, local_rank=3), lines.append)
+    select_device("2", None, 0, SimpleNamespace(size=4, local_rank=3), lines.append)
+    assert used == [3, 1] and lines == []                 # (id + local rank) mod 4
+    select_device("all", None, 0, SimpleNamespace(size=1, local_rank=0), lines.append)
+    assert used[-1] == 0 and "mpiexec -n 4" in lines[0]
+    with pytest.raises(CaffeError, match="one device id or 'all'"):
+        select_device("0,1", None, 0, SimpleNamespace(size=1, local_rank=0), lines.append)
