@@ -321,36 +321,20 @@ class Net:
 
     # --- weights -----------------------------------------------------------------------------
     def copy_from(self, path):
-        """Load weights by layer name from a Caffe model (``.h5``, or binary ``.caffemodel``)."""
+        """Load weights by layer name from a Caffe model: binary ``.caffemodel`` or HDF5 ``.h5``."""
         path = str(path)
         if not os.path.exists(path):
             raise DataError(f"{path}: weights file not found")
-        if path.endswith(".h5"):
-            self._net.copy_trained_layers_from(path)
-            return
-        try:
-            from engine.model_io import load_weights
-        except ImportError:
-            raise DataError(f"{path}: only HDF5 weights (.caffemodel.h5) can be read by this "
-                            "build (binary .caffemodel support is not installed)") from None
-        load_weights(self._net, path)
+        self._net.copy_trained_layers_from(path)
 
     def share_with(self, other):
         """Use ``other``'s parameter data for the layers of the same name."""
         self._net.share_trained_layers_with(other._net if isinstance(other, Net) else other)
 
     def save(self, path):
-        """Write the weights: HDF5 for ``*.h5``, else Caffe's binary ``.caffemodel``."""
-        path = str(path)
-        if path.endswith(".h5"):
-            self._net.to_hdf5(path)
-            return
-        try:
-            from engine.model_io import save_model
-        except ImportError:
-            raise DataError(f"{path}: this build writes HDF5 weights only; give a path ending "
-                            "in .h5 (e.g. model.caffemodel.h5) or use save_hdf5") from None
-        save_model(self._net, path)
+        """Write the weights: HDF5 for a name ending in ``.h5``, else Caffe's binary proto."""
+        from engine.model_io import save_model
+        save_model(self._net, str(path))
 
     def save_hdf5(self, path):
         self._net.to_hdf5(str(path))
