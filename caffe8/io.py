@@ -7,45 +7,47 @@ edge pixels repeated (scipy), in place of pycaffe's scikit-image call.
 """
 import numpy
 
-from caffe8.proto.caffe_pb2 import BlobProto, Datum
+from caffe8.proto import caffe_pb2
 from engine.errors import CaffeError, DataError
+from engine.proto.blobs import array_to_blob, blob_shape, blob_to_array
 
 # scikit-image's rgb2gray weights (ITU-R BT.709), which pycaffe's load_image(color=False) uses
 _GREY = numpy.array([0.2125, 0.7154, 0.0721], dtype=numpy.float32)
 
 
-# --- arrays and messages ---------------------------------------------------------------------
+# --- arrays and messages (caffe_pb2 objects) ----------------------------------------------------
 def blobproto_to_array(blob, return_diff=False):
     """The array of a BlobProto (its ``shape``, else legacy num/channels/height/width)."""
-    values = numpy.asarray(blob.diff if return_diff else blob.data, dtype=numpy.float32)
-    if blob.has("shape"):
-        return values.reshape([int(d) for d in blob.shape.dim])
-    return values.reshape(blob.num, blob.channels, blob.height, blob.width)
+    if not return_diff:
+        return blob_to_array(blob)
+    diff = blob.double_diff if len(blob.double_diff) else blob.diff
+    return numpy.array(diff, dtype=numpy.float64 if len(blob.double_diff) else numpy.float32
+                       ).reshape(blob_shape(blob))
 
 
 def array_to_blobproto(arr, diff=None):
-    """A BlobProto holding ``arr`` (and ``diff`` of the same shape, if given)."""
-    arr = numpy.asarray(arr)
-    blob = BlobProto()
-    blob.shape.dim = [int(d) for d in arr.shape]
-    blob.data = [float(v) for v in arr.astype(numpy.float32).ravel()]
+    """A BlobProto holding ``arr`` as float32 (and ``diff`` of the same shape, if given)."""
+    arr = numpy.asarray(arr, dtype=numpy.float32)
     if diff is not None:
-        diff = numpy.asarray(diff)
+        diff = numpy.asarray(diff, dtype=numpy.float32)
         if diff.shape != arr.shape:
             raise CaffeError(f"array_to_blobproto: diff shape {diff.shape} differs from the "
                              f"data shape {arr.shape}")
-        blob.diff = [float(v) for v in diff.astype(numpy.float32).ravel()]
-    return blob
+    return array_to_blob(arr, caffe_pb2.BlobProto(), diff)
 
 
 def arraylist_to_blobprotovector_str(arraylist):
-    """Caffe's BlobProtoVector of ``arraylist``, serialised (field 1, one BlobProto each)."""
-    from engine.datum import encode_varint
-    out = bytearray()
-    for arr in arraylist:
-        payload = array_to_blobproto(arr).SerializeToString()
-        out += bytes([(1 << 3) | 2]) + encode_varint(len(payload)) + payload
-    return bytes(out)
+    """A serialised BlobProtoVector of the arrays."""
+    vec = caffe_pb2.BlobProtoVector()
+    vec.blobs.extend(array_to_blobproto(a) for a in arraylist)
+    return vec.SerializeToString()
+
+
+def blobprotovector_str_to_arraylist(text):
+    """The arrays of a serialised BlobProtoVector."""
+    vec = caffe_pb2.BlobProtoVector()
+    vec.ParseFromString(text)
+    return [blobproto_to_array(b) for b in vec.blobs]
 
 
 def array_to_datum(arr, label=None):
@@ -53,24 +55,25 @@ def array_to_datum(arr, label=None):
     arr = numpy.asarray(arr)
     if arr.ndim != 3:
         raise CaffeError(f"array_to_datum: expected a C×H×W array, got shape {arr.shape}")
-    datum = Datum()
+    datum = caffe_pb2.Datum()
     datum.channels, datum.height, datum.width = (int(d) for d in arr.shape)
     if arr.dtype == numpy.uint8:
         datum.data = arr.tobytes()
     else:
-        datum.float_data = [float(v) for v in arr.astype(numpy.float32).ravel()]
+        datum.float_data.extend(arr.astype(float).ravel())
     if label is not None:
         datum.label = int(label)
     return datum
 
 
 def datum_to_array(datum):
-    """The C×H×W array of a (not encoded) Datum: uint8 from ``data``, else ``float_data``."""
+    """The C×H×W array of a (not encoded) Datum: uint8 from ``data``, else ``float_data``
+    (as floats, as pycaffe)."""
     shape = (datum.channels, datum.height, datum.width)
     if len(datum.data):
         values = numpy.frombuffer(bytes(datum.data), dtype=numpy.uint8)
     else:
-        values = numpy.asarray(datum.float_data, dtype=numpy.float32)
+        values = numpy.array(datum.float_data, dtype=float)
     if values.size != int(numpy.prod(shape)):
         raise DataError(f"datum_to_array: the Datum holds {values.size} values for "
                         f"channels×height×width = {shape}")

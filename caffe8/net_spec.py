@@ -6,7 +6,7 @@
     n.loss = L.SoftmaxWithLoss(n.ip, n.label)
     open("net.prototxt", "w").write(str(n.to_proto()))
 
-A keyword goes to the layer's own parameter message when that message has the field
+``to_proto()`` returns a ``caffe_pb2.NetParameter``. A keyword goes to the layer's own parameter message when that message has the field
 (``num_output`` → ``inner_product_param``), else to LayerParameter (``param``, ``include``,
 ``loss_weight`` ...); ``*_param`` keywords name the message directly. Dicts fill sub-messages,
 lists of dicts repeated ones. Layers are named after the NetSpec attribute of their first top;
@@ -14,8 +14,8 @@ unnamed tops get the layer type and a counter (``Convolution1``).
 """
 from collections import Counter, OrderedDict
 
-from caffe8.proto.caffe_pb2 import NetParameter
 from engine.errors import CaffeError
+from engine.proto.convert import to_pb
 from engine.prototxt import Message
 from engine.schema import ENUMS, SCHEMA
 
@@ -85,6 +85,9 @@ def assign_proto(msg, name, value, where=None):
 def _message(type_name, value, where):
     if isinstance(value, Message):
         return value.copy()
+    if hasattr(value, "DESCRIPTOR"):  # a caffe_pb2 message
+        from engine.proto.convert import from_pb
+        return from_pb(value, where)
     if not isinstance(value, dict):
         raise CaffeError(f"{where}: {type_name} is set from a dict, got {value!r}")
     msg = Message(type_name)
@@ -165,15 +168,20 @@ class Function:
         layers[self] = layer
 
 
+def _net(layers):
+    """The caffe_pb2 NetParameter of the built layers (``str()`` is its prototxt)."""
+    net = Message("NetParameter")
+    net.layer = list(layers.values())
+    return to_pb(net)
+
+
 def to_proto(*tops):
     """A NetParameter holding the layers the given tops depend on."""
     layers = OrderedDict()
     autonames = Counter()
     for top in tops:
         top.fn._to_proto(layers, {}, autonames)
-    net = NetParameter()
-    net.layer = list(layers.values())
-    return net
+    return _net(layers)
 
 
 class NetSpec:
@@ -212,9 +220,7 @@ class NetSpec:
         layers = OrderedDict()
         for top in self.tops.values():
             top._to_proto(layers, names, autonames)
-        net = NetParameter()
-        net.layer = list(layers.values())
-        return net
+        return _net(layers)
 
 
 class Layers:
@@ -236,7 +242,7 @@ class Layers:
 
 
 class _EnumValues:
-    """``P.Pooling.MAX``: the enum value names usable in ``<Type>Parameter``."""
+    """``P.Pooling.MAX``: the enum numbers of ``<Type>Parameter`` (caffe_pb2's values)."""
 
     def __init__(self, type_name, message):
         self._type, self._message = type_name, message
@@ -246,7 +252,7 @@ class _EnumValues:
             raise AttributeError(name)
         for spec in SCHEMA[self._message].values():
             if spec.type in ENUMS and name in ENUMS[spec.type]:
-                return name
+                return ENUMS[spec.type][name]
         raise AttributeError(f"P.{self._type} has no enum value '{name}'")
 
 

@@ -135,6 +135,9 @@ class Net:
         model, phase, weights, level, stages = _parse_net_args(args, kwargs)
         if not isinstance(model, (str, os.PathLike)) and hasattr(model, "to_proto"):
             model = model.to_proto()  # a NetSpec
+        if hasattr(model, "DESCRIPTOR"):  # a caffe_pb2.NetParameter
+            from engine.proto.convert import from_pb
+            model = from_pb(model, "<NetParameter>")
         net = EngineNet(model, phase=phase, level=level, stages=stages, log=pylog.logger())
         self._attach(net)
         if weights is not None:

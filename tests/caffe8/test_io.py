@@ -93,7 +93,7 @@ def test_blobproto_from_hand_encoded_bytes():
     numpy.testing.assert_array_equal(caffe.io.blobproto_to_array(again), arr)
     legacy = caffe_pb2.BlobProto()  # a mean file of old: num/channels/height/width
     legacy.num, legacy.channels, legacy.height, legacy.width = 1, 1, 1, 2
-    legacy.data = [3.0, 4.0]
+    legacy.data.extend([3.0, 4.0])
     assert caffe.io.blobproto_to_array(legacy).shape == (1, 1, 1, 2)
 
 
@@ -106,6 +106,15 @@ def test_datum_bytes_match_protobuf():
     numpy.testing.assert_array_equal(caffe.io.datum_to_array(back), [[[97, 98]]])
     assert back.label == 3
     f = caffe.io.array_to_datum(numpy.full((2, 1, 1), 0.5))
-    assert f.float_data == [0.5, 0.5] and caffe.io.datum_to_array(f).dtype == numpy.float32
+    assert list(f.float_data) == [0.5, 0.5] and caffe.io.datum_to_array(f).shape == (2, 1, 1)
     with pytest.raises(CaffeError, match="C×H×W"):
         caffe.io.array_to_datum(numpy.zeros((2, 2)))
+
+
+def test_blobprotovector_round_trip():
+    arrays = [numpy.arange(6.0).reshape(2, 3), numpy.ones((1, 2, 2))]
+    text = caffe.io.arraylist_to_blobprotovector_str(arrays)
+    back = caffe.io.blobprotovector_str_to_arraylist(text)
+    assert [b.shape for b in back] == [(2, 3), (1, 2, 2)]
+    for a, b in zip(arrays, back):
+        numpy.testing.assert_array_equal(a, b)

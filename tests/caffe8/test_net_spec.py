@@ -4,6 +4,7 @@ import pytest
 import caffe8 as caffe
 from caffe8 import layers as L, params as P
 from engine.errors import CaffeError
+from engine.proto.convert import from_pb
 from engine.prototxt import parse_text
 
 EXPECTED = '''layer {
@@ -25,10 +26,10 @@ layer {
   bottom: "data"
   top: "conv"
   param {
-    lr_mult: 1.0
+    lr_mult: 1
   }
   param {
-    lr_mult: 2.0
+    lr_mult: 2
   }
   convolution_param {
     num_output: 4
@@ -86,9 +87,10 @@ def spec():
 
 
 def test_to_proto_text_is_the_expected_prototxt():
-    text = str(spec().to_proto())
-    assert text == EXPECTED
-    assert parse_text(text, "spec.prototxt") == spec().to_proto()
+    proto = spec().to_proto()
+    assert type(proto) is caffe.proto.caffe_pb2.NetParameter   # as pycaffe's
+    assert str(proto) == EXPECTED
+    assert parse_text(str(proto), "spec.prototxt") == from_pb(proto)
 
 
 def test_a_net_builds_from_the_spec(tmp_path):
@@ -108,10 +110,13 @@ def test_multiple_tops_names_and_enum_values():
     n.loss = L.SoftmaxWithLoss(n.data, n.label, name="the_loss")
     proto = n.to_proto()
     data, loss = proto.layer
-    assert (data.name, data.top, data.data_param.backend) == ("data", ["data", "label"], "LMDB")
+    pb = caffe.proto.caffe_pb2
+    assert (data.name, list(data.top)) == ("data", ["data", "label"])
+    assert data.data_param.backend == pb.DataParameter.LMDB == P.Data.LMDB
     assert data.transform_param.scale == 0.5
-    assert (loss.name, loss.bottom, loss.top) == ("the_loss", ["data", "label"], ["loss"])
-    assert P.Pooling.MAX == "MAX" and caffe.proto.caffe_pb2.TEST == "TEST"
+    assert (loss.name, list(loss.bottom), list(loss.top)) == ("the_loss", ["data", "label"],
+                                                              ["loss"])
+    assert P.Pooling.MAX == pb.PoolingParameter.MAX == 0 and pb.TEST == caffe.TEST == 1
 
 
 def test_bad_fields_name_the_layer_and_field():
