@@ -1,6 +1,5 @@
 """caffe8.Classifier against crops and scores computed by hand."""
 import numpy
-from PIL import Image
 
 import caffe8 as caffe
 
