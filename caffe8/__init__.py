@@ -7,9 +7,12 @@ __version__ = "0.1.0"
 
 
 def __getattr__(name):
-    if name.startswith("__"):
+    # importlib asks for submodule names (``from caffe8 import x``) before importing them;
+    # "api" itself must never recurse into here.
+    if name.startswith("__") or name == "api":
         raise AttributeError(name)
-    from caffe8 import api
+    import importlib
+    api = importlib.import_module("caffe8.api")
     try:
         return getattr(api, name)
     except AttributeError:

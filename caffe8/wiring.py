@@ -34,3 +34,55 @@ def build_trainer(solver_path, world=None, log=None, timing=None, param=None):
             trainer.close()
             raise
     return trainer
+
+
+_GATHER_CODECS = ("aps", "dettmers", "strom")
+
+
+def _node_count(world, processes_per_node):
+    """Nodes of the job: emulated ones when ``processes_per_node`` is set, else the distinct
+    host names (collective: every rank calls it)."""
+    if processes_per_node > 0:
+        return max(1, world.size // processes_per_node)
+    comm = getattr(world, "comm", None)
+    if comm is None:
+        return 1
+    import socket
+    return len(set(comm.allgather(socket.gethostname())))
+
+
+def exchange_summary(comm_param, world):
+    """One log line naming the gradient exchange of a run: codec, algorithm, processes, nodes.
+
+    Read from the solver's ``comm`` block and the world (what ``make_exchange`` is built from),
+    e.g. ``Gradient exchange: fp8 (ratio, q=0.95), hierarchical, 4 processes on 2 nodes,
+    asynchronous``. Collective under MPI (the node count): every rank calls it.
+    """
+    from engine.glog import fmt
+    if world.size <= 1:
+        return "Gradient exchange: none (1 process)"
+    codec = comm_param.codec
+    details = []
+    if codec == "fp8":
+        details.append("ratio" if comm_param.relative else "absolute")
+        details.append(f"q={fmt(comm_param.quantile)}")
+        if comm_param.rounding != "nearest":
+            details.append(f"{comm_param.rounding} rounding")
+    elif codec == "aps":
+        details.append(comm_param.aps_format + (", Kahan" if comm_param.kahan else ""))
+    elif codec == "dettmers":
+        details.append(comm_param.dettmers_type)
+    elif codec == "strom":
+        details.append(f"tau={fmt(comm_param.strom_tau)}")
+    if comm_param.warmup_fp32_iters > 0 and codec != "fp32":
+        details.append(f"fp32 for the first {comm_param.warmup_fp32_iters} iterations")
+    name = f"{codec} ({', '.join(details)})" if details else codec
+    if codec in _GATHER_CODECS:
+        algorithm = "allgather"
+    else:
+        algorithm = comm_param.algorithm or ("flat" if codec == "fp32" else
+                                             "hierarchical" if comm_param.hierarchical else "rsag")
+    nodes = _node_count(world, comm_param.processes_per_node)
+    mode = "asynchronous" if getattr(comm_param, "async") else "synchronous"
+    return (f"Gradient exchange: {name}, {algorithm}, {world.size} processes on {nodes} "
+            f"node{'s' if nodes != 1 else ''}, {mode}")

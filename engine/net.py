@@ -23,7 +23,19 @@ from engine.blob import Blob
 from engine.errors import CaffeError, LayerError
 from engine.layer import create_layer
 from engine.net_graph import filter_net, insert_splits, upgrade_net_input
-from engine.prototxt import Message, parse_file
+from engine.prototxt import Message, parse_file, to_text
+
+#: Caffe's Phase enum: pycaffe passes the integers (caffe.TRAIN = 0, caffe.TEST = 1)
+PHASES = ("TRAIN", "TEST")
+
+
+def phase_name(phase):
+    """"TRAIN" / "TEST" from a phase given as its name or as Caffe's enum integer (0 / 1)."""
+    if isinstance(phase, str) and phase.upper() in PHASES:
+        return phase.upper()
+    if isinstance(phase, (int, numpy.integer)) and not isinstance(phase, bool) and 0 <= phase < 2:
+        return PHASES[int(phase)]
+    raise CaffeError(f"phase must be TRAIN or TEST (or Caffe's integers 0 / 1), got {phase!r}")
 
 
 class Net:
@@ -32,7 +44,7 @@ class Net:
     def __init__(self, model, phase="TRAIN", weights=None, level=None, stages=(),
                  dtype=numpy.float32, rank=0, world=1, log=None):
         param = parse_file(model) if isinstance(model, (str, os.PathLike)) else model
-        self.phase = phase
+        phase = self.phase = phase_name(phase)
         self.dtype = numpy.dtype(dtype)
         self.rank, self.world = rank, world
         self._log = log
@@ -44,10 +56,15 @@ class Net:
         self.param = insert_splits(param)
         self.name = self.param.name
         self._forward_hooks, self._backward_hooks = [], []
+        if self._log:
+            self._log("Initializing net from parameters: \n" + to_text(self.param))
+        self._memory_used = 0
         self._build_layers()
         self._prune_backward()
         if self.param.force_backward:
             self._force_backward()
+        if self._log:
+            self._log_setup_end()
         self._collect_params()
         self._flatten_params()
         if weights is not None:
@@ -79,6 +96,9 @@ class Net:
     def _build_layer(self, layer_param, available):
         if not layer_param.has("phase"):
             layer_param.phase = self.phase
+        if self._log:
+            self._log(f"Creating layer {layer_param.name}")  # layer_factory's line, then net.cpp's
+            self._log(f"Creating Layer {layer_param.name}")
         layer = create_layer(layer_param, self.phase, self.dtype)
         i = len(self.layers)
         self.layers.append(layer)
@@ -102,6 +122,12 @@ class Net:
                    for j, name in enumerate(layer_param.top)]
         if layer.is_data:
             layer.rank, layer.world = self.rank, self.world
+        if self._log:
+            for name in bottoms:
+                self._log(f"{layer.name} <- {name}")
+            for name in layer_param.top:
+                self._log(f"{layer.name} -> {name}")
+            self._log(f"Setting up {layer.name}")
         self._setup_layer(layer, bottom_vec, top_vec)
         self.layer_loss_weights.append(self._loss_weights(layer, layer_param, top_vec))
         need_backward |= self._param_needs(layer, layer_param)
@@ -113,11 +139,22 @@ class Net:
         self.layer_need_backward.append(need_backward)
         for name in layer_param.top:
             self._blob_need_backward[name] = self._blob_need_backward.get(name, False) or need_backward
-        if self._log:
+        if self._log:  # Caffe's setup section, so a Caffe user reads the shapes as usual
             for name, blob in zip(layer_param.top, top_vec):
-                dims = " ".join(str(d) for d in blob.shape)
-                self._log(f"Top shape: {dims} ({blob.count})")
+                dims = "".join(f"{d} " for d in blob.shape)  # Blob::shape_string
+                self._log(f"Top shape: {dims}({blob.count})")
+                self._memory_used += blob.count
+            self._log(f"Memory required for data: {self._memory_used * self.dtype.itemsize}")
         return i
+
+    def _log_setup_end(self):
+        """Caffe's closing lines of Net::Init: backward needs (last layer first), outputs."""
+        for i in reversed(range(len(self.layers))):
+            need = "needs" if self.layer_need_backward[i] else "does not need"
+            self._log(f"{self.layer_names[i]} {need} backward computation.")
+        for name in self.output_blob_names:
+            self._log(f"This network produces output {name}")
+        self._log("Network initialization done.")
 
     def _append_top(self, layer, layer_param, j, name, bottoms, available):
         if j < len(bottoms) and bottoms[j] == name:
@@ -319,8 +356,22 @@ class Net:
         the GPU queue once per layer); only a caller that needs the number reads it back, once:
         ``self.loss`` converts on first access and keeps the float.
         """
+        return self.forward_from_to(0, len(self.layers) - 1, as_float)
+
+    def _layer_range(self, start, end):
+        n = len(self.layers)
+        for what, i in (("start", start), ("end", end)):
+            if not 0 <= i < n:
+                raise CaffeError(f"{what} layer index {i} is out of range (the net has {n} layers)")
+
+    def forward_from_to(self, start, end, as_float=True):
+        """Caffe's ForwardFromTo: reshape + forward layers ``start``..``end`` (inclusive); the
+        weighted loss of the tops produced in that range (as :meth:`forward_loss`)."""
+        if self.layers:
+            self._layer_range(start, end)
         loss = 0.0
-        for i, layer in enumerate(self.layers):
+        for i in range(start, end + 1):
+            layer = self.layers[i]
             bottom, top = self.bottom_vecs[i], self.top_vecs[i]
             self._reshape(layer, bottom, top)
             layer.forward(bottom, top)
@@ -356,11 +407,22 @@ class Net:
 
     def backward(self):
         """Backward pass from the weighted tops; param diffs accumulate."""
+        self.seed_loss_diffs()
+        self.backward_from_to(len(self.layers) - 1, 0)
+
+    def seed_loss_diffs(self):
+        """Each weighted top's diff = its loss weight (Caffe sets it once, in SetLossWeights)."""
         for i in range(len(self.layers)):
             for blob, w in zip(self.top_vecs[i], self.layer_loss_weights[i]):
                 if w:
                     blob.diff[...] = w
-        for i in reversed(range(len(self.layers))):
+
+    def backward_from_to(self, start, end):
+        """Caffe's BackwardFromTo: backward layers ``start`` down to ``end`` (inclusive), from
+        the top diffs as they stand (see :meth:`seed_loss_diffs`)."""
+        if self.layers:
+            self._layer_range(start, end)
+        for i in range(start, end - 1, -1):
             layer = self.layers[i]
             if self.layer_need_backward[i]:
                 layer.backward(self.top_vecs[i], self.bottom_need_backward[i], self.bottom_vecs[i])

@@ -14,7 +14,7 @@ from engine import backend, model_io
 from engine.errors import CaffeError, SolverError
 from engine.glog import fmt
 from engine.net import Net
-from engine.prototxt import parse_file
+from engine.prototxt import parse_file, to_text
 from engine.snapshot import load_solverstate, snapshot_names
 from engine.solver import create_solver
 from engine.tester import average_outputs, output_values
@@ -50,6 +50,7 @@ class Trainer:
         self.timing = timing
         self._validate()
         p = self.param
+        self.log("Initializing solver from parameters: \n" + to_text(p))
         if p.random_seed >= 0:
             backend.seed(int(p.random_seed) + self.world.rank)
         self.net = self._build_train_net()
@@ -94,8 +95,10 @@ class Trainer:
         p = self.param
         field = next(f for f in ("train_net_param", "train_net", "net_param", "net") if p.has(f))
         st = p.train_state
+        self.log(f"Creating training net specified in {field}" if field.endswith("_param") else
+                 f"Creating training net from {field} file: {self._net_source(field)}")
         return Net(self._net_source(field), phase="TRAIN", level=st.level, stages=tuple(st.stage),
-                   rank=self.world.rank, world=self.world.size)
+                   rank=self.world.rank, world=self.world.size, log=self.log)
 
     def _build_test_nets(self):
         p = self.param
@@ -115,8 +118,11 @@ class Trainer:
         nets = []
         for i, src in enumerate(sources):
             st = p.test_state[i] if i < len(p.test_state) else None
+            self.log(f"Creating test net (#{i}) specified by "
+                     + (f"file: {src}" if isinstance(src, str) else "a net parameter"))
             net = Net(src, phase="TEST", level=st.level if st else 0,
-                      stages=tuple(st.stage) if st else (), rank=self.world.rank, world=self.world.size)
+                      stages=tuple(st.stage) if st else (), rank=self.world.rank,
+                      world=self.world.size, log=self.log)
             net.share_trained_layers_with(self.net)
             nets.append(net)
         return nets
@@ -166,11 +172,13 @@ class Trainer:
         p = self.param
         if weights:
             for w in str(weights).split(","):
+                self.log(f"Finetuning from {w}")  # Caffe's wording for loaded weights
                 self.net.copy_trained_layers_from(w)
             self._broadcast_weights()
         self.log(f"Solving {self.net.name}")
         self.log(f"Learning Rate Policy: {p.lr_policy}")
         if resume_file:
+            self.log(f"Resuming from {resume_file}")
             self.restore(resume_file)
         self.step(p.max_iter - self.iter, progress)
         if self.stopped_early:

@@ -333,10 +333,22 @@ def test_hdf5_diff_tree_and_missing_param(tmp_path):
         build(SHARED, weights=path)
 
 
-def test_log_receives_caffe_top_shape_lines():
+def test_log_receives_caffe_setup_section():
     lines = []
-    build(DATA + linear("a", "x", "y", n=5), log=lines.append)
-    assert lines == ["Top shape: 3 4 (12)", "Top shape: 3 (3)", "Top shape: 3 5 (15)"]
+    build(DATA + linear("a", "x", "y", n=5) + halfsq("l", "y"), log=lines.append)
+    assert lines[0].startswith("Initializing net from parameters: \n")
+    # Caffe's net.cpp lines in its order; memory = running count of top values x 4 bytes
+    assert lines[1:] == [
+        "Creating layer in", "Creating Layer in", "in -> x", "in -> t", "Setting up in",
+        "Top shape: 3 4 (12)", "Top shape: 3 (3)", "Memory required for data: 60",
+        "Creating layer a", "Creating Layer a", "a <- x", "a -> y", "Setting up a",
+        "Top shape: 3 5 (15)", "Memory required for data: 120",
+        "Creating layer l", "Creating Layer l", "l <- y", "l -> l", "Setting up l",
+        "Top shape: (1)", "Memory required for data: 124",
+        "l needs backward computation.", "a needs backward computation.",
+        "in does not need backward computation.",
+        "This network produces output l", "This network produces output t",
+        "Network initialization done."]
 
 
 def test_hdf5_shape_mismatch_names_the_layer(tmp_path):
