@@ -1,4 +1,4 @@
-"""``caffe8`` command line, as Caffe's tool: train | test | time | device_query | inspect | bench.
+"""``caffe8`` command line, as Caffe's tool: train | test | time | device_query | inspect | convert | bench.
 
 Caffe's own spellings work as well as the ``--long`` ones: ``caffe8 train -solver S -weights W
 -gpu 0``, ``caffe8 time -model M -iterations 10``, ``-flag=value``. Run under ``mpiexec -n P``
@@ -251,6 +251,14 @@ def cmd_inspect(args):
     return run_inspect(args)
 
 
+def cmd_convert(args):
+    """``caffe8 convert SRC DST``: a model between Caffe's binary proto and HDF5 layouts."""
+    from engine.model_io import convert
+    convert(args.src, args.dst)
+    print(f"wrote {args.dst}")
+    return 0
+
+
 def cmd_bench(args):
     """``caffe8 bench ...`` = ``python scripts/allreduce_bench.py ...`` (needs the source tree)."""
     import runpy
@@ -325,6 +333,11 @@ def build_parser():
     i = sub.add_parser("inspect", help="print layers, shapes and the parameter count")
     add_arguments(i)
     i.set_defaults(fn=cmd_inspect)
+    c = sub.add_parser("convert", help="convert a model between binary .caffemodel and HDF5 "
+                       "(.caffemodel.h5), chosen by the file names")
+    c.add_argument("src", help="model to read (.caffemodel or .h5)")
+    c.add_argument("dst", help="model to write (.caffemodel or .h5)")
+    c.set_defaults(fn=cmd_convert)
     b = sub.add_parser("bench", help="allreduce micro-benchmark (run under mpiexec; "
                        "caffe8 bench --help lists its options)", add_help=False)
     b.add_argument("rest", nargs=argparse.REMAINDER)

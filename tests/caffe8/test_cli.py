@@ -227,3 +227,30 @@ def test_gpu_all_picks_one_gpu_per_process(monkeypatch):
     assert used[-1] == 0 and "mpiexec -n 4" in lines[0]
     with pytest.raises(CaffeError, match="one device id or 'all'"):
         select_device("0,1", None, 0, SimpleNamespace(size=1, local_rank=0), lines.append)
+
+
+def test_convert_round_trips_binary_and_hdf5(tmp_path, capsys):
+    """caffe8 convert: binary -> HDF5 -> binary keeps every blob; the HDF5 file is Caffe's layout
+    (read with h5py) and the binary one a NetParameter (read with protobuf)."""
+    import h5py
+    import numpy
+    from caffe8.cli import main as cli_main
+    from engine.proto import caffe_pb2
+    src = caffe_pb2.NetParameter(name="tiny")
+    layer = src.layer.add(name="fc", type="InnerProduct")
+    w = numpy.arange(6, dtype=numpy.float32).reshape(2, 3)
+    blob = layer.blobs.add()
+    blob.shape.dim.extend(w.shape)
+    blob.data.extend(w.ravel().tolist())
+    binary = tmp_path / "m.caffemodel"
+    binary.write_bytes(src.SerializeToString())
+    h5 = tmp_path / "m.caffemodel.h5"
+    assert cli_main(["convert", str(binary), str(h5)]) == 0
+    with h5py.File(h5, "r") as f:
+        assert numpy.array_equal(f["data/fc/0"][()], w)
+    back = tmp_path / "back.caffemodel"
+    assert cli_main(["convert", str(h5), str(back)]) == 0
+    msg = caffe_pb2.NetParameter()
+    msg.ParseFromString(back.read_bytes())
+    got = [l for l in msg.layer if l.name == "fc"][0].blobs[0]
+    assert list(got.shape.dim) == [2, 3] and list(got.data) == w.ravel().tolist()
