@@ -70,7 +70,10 @@ def _logger(args, world):
     if log_dir and not path:  # glog's -log_dir: the INFO log as a file in that folder
         os.makedirs(log_dir, exist_ok=True)
         path = os.path.join(log_dir, f"caffe8.{args.command}.INFO")
-    return GLog(path, enabled=(world.rank == 0))
+    log = GLog(path, enabled=(world.rank == 0))
+    from engine import backend
+    backend.set_note_sink(log)  # one-time backend notes (cuDNN fallback, TF32) go to the log
+    return log
 
 
 def _apply_tf32(args, log):
