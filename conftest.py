@@ -3,6 +3,8 @@ import pytest
 
 
 def pytest_configure(config):
+    from caffe8.wiring import register_all
+    register_all()  # what `import caffe8` does: tests build nets through engine directly
     config.addinivalue_line("markers", "gpu: needs a CUDA GPU and CuPy")
     config.addinivalue_line("markers", "mpi: runs rank programs under mpiexec")
     config.addinivalue_line("markers", "slow: full-size nets on the CPU (deselect with -m 'not slow')")

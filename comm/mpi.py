@@ -135,6 +135,26 @@ class World:
         if self.comm is not None:
             self.comm.Barrier()
 
+    # The collectives of the training loop (the protocol of ``engine.world``).
+    def bcast(self, obj, root=0):
+        return self.comm.bcast(obj, root=root) if self.comm is not None else obj
+
+    def gather(self, obj, root=0):
+        return self.comm.gather(obj, root=root) if self.comm is not None else [obj]
+
+    def bcast_array(self, array, root=0):
+        if self.comm is not None:
+            self.comm.Bcast(array, root=root)
+
+    def allreduce_sum_array(self, array):
+        if self.comm is not None:
+            self.comm.Allreduce(mpi_module().IN_PLACE, array, op=mpi_module().SUM)
+
+    def allreduce_or(self, value):
+        if self.comm is None:
+            return int(value)
+        return self.comm.allreduce(int(value), op=mpi_module().BOR)
+
     def abort(self, code=1):
         """End every rank of the job (MPI_Abort), or this process when single."""
         if self.comm is not None:

@@ -16,17 +16,13 @@ from engine.glog import fmt
 from engine.net import Net
 from engine.prototxt import parse_file
 from engine.snapshot import atomic_write, load_solverstate, save_solverstate
+from engine.solver import create_solver
 from engine.tester import average_outputs, output_values
-from solvers import create_solver
+from engine.world import SingleProcessWorld
 
 
 _NONFINITE, _STOP, _SNAPSHOT = 1, 2, 4
 _REQUEST_BITS = {"stop": _STOP, "snapshot": _SNAPSHOT}
-
-
-class SingleProcessWorld:
-    """The world of a run without MPI: rank 0 of 1."""
-    rank, size, comm = 0, 1, None
 
 
 def resolve_path(path, solver_path):
@@ -38,10 +34,14 @@ def resolve_path(path, solver_path):
 
 
 class Trainer:
-    """Runs a solver prototxt. ``world`` has ``rank``, ``size`` and ``comm`` (mpi4py or None)."""
+    """Runs a solver prototxt.
 
-    def __init__(self, solver_path, world=None, log=None, exchange_factory=None, timing=None,
-                 param=None):
+    ``world``: the job (``engine.world``; a single process by default). Gradient exchange and
+    other per-iteration work attach through :meth:`add_callback` (``engine.callbacks``), as
+    Caffe's ``Solver::add_callback``; the loop itself never communicates gradients.
+    """
+
+    def __init__(self, solver_path, world=None, log=None, timing=None, param=None):
         """``param``: the solver file already parsed (the CLI reads it first to pick the device)."""
         self.solver_path = str(solver_path)
         self.param = param if param is not None else parse_file(self.solver_path, "SolverParameter")
@@ -55,7 +55,9 @@ class Trainer:
         self.net = self._build_train_net()
         self.test_nets = self._build_test_nets()
         self.solver = create_solver(p, self.net, log=self.log)
-        self.exchange = exchange_factory(self.world, p.comm, self.net) if exchange_factory else None
+        self.callbacks = []
+        self._last_pass = True
+        self.net.add_backward_hook(self._after_backward)
         self.losses = []
         self.smoothed_loss = 0.0
         self.last_snapshot_iter = None
@@ -124,8 +126,35 @@ class Trainer:
         if self.world.size > 1:
             flat = self.net.flat_data
             host = backend.to_numpy(flat)
-            self.world.comm.Bcast(host, root=0)
+            self.world.bcast_array(host, root=0)
             flat[...] = backend.to_device(host, like=flat)
+
+    # --- callbacks (Caffe's Solver::Callback) -----------------------------------------------------
+    def add_callback(self, callback):
+        """Attach an ``engine.callbacks.SolverCallback`` (e.g. the gradient exchange)."""
+        self.callbacks.append(callback)
+
+    @property
+    def exchange(self):
+        """The first attached callback (the gradient exchange, when one is attached), or None."""
+        return self.callbacks[0] if self.callbacks else None
+
+    def _after_backward(self, layer_index, layer):
+        if self._last_pass:
+            for cb in self.callbacks:
+                cb.on_backward(layer_index)
+
+    def close(self):
+        """End the callbacks' threads and free their resources (idempotent)."""
+        callbacks, self.callbacks = self.callbacks, []
+        for cb in callbacks:
+            cb.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
 
     # --- the loop --------------------------------------------------------------------------------
     @property
@@ -172,6 +201,8 @@ class Trainer:
             t0 = time.perf_counter()
             if self.timing is not None:
                 self.timing.begin_iteration()
+            for cb in self.callbacks:
+                cb.on_start()
             loss = sum(self._forward_backward(k == p.iter_size - 1) for k in range(p.iter_size)) / p.iter_size
             self._update_smoothed_loss(loss, start_iter)
             if p.display and self.iter % p.display == 0:
@@ -183,8 +214,8 @@ class Trainer:
                 last_time, last_iter = now, self.iter
                 self._log_outputs("Train", output_values(self.net))
             t_wait = time.perf_counter()
-            if self.exchange is not None:
-                self.exchange.exchange_all()  # async: waits for the thread that ran during backward
+            for cb in self.callbacks:
+                cb.on_gradients_ready()  # async exchange: waits for the thread that ran in backward
             wait = time.perf_counter() - t_wait
             flags = self._agreed_flags(loss)
             if self._gradients_finite(flags):
@@ -201,16 +232,15 @@ class Trainer:
                 break
 
     def _forward_backward(self, last_pass):
-        if self.exchange is not None:
-            self.exchange.begin_pass(last_pass)
+        self._last_pass = last_pass
         return self.net.forward_backward()
 
     def _consistency_check(self):
         """Every K iterations all ranks compare a checksum of their parameters (SPEC §6)."""
         k = self.param.comm.consistency_check_interval
-        if not k or self.exchange is None or self.iter % k:
+        if not k or not self.callbacks or self.iter % k:
             return
-        if self.exchange.checksum_check():
+        if all([cb.consistency_check() for cb in self.callbacks]):
             self.log(f"Iteration {self.iter}, consistency check: parameters bit-identical "
                      f"on all {self.world.size} ranks")
         else:
@@ -245,10 +275,7 @@ class Trainer:
         diff = self.net.flat_diff
         finite = math.isfinite(loss) and bool(backend.get_array_module(diff).isfinite(diff).all())
         flags, self._requests = self._requests | (0 if finite else _NONFINITE), 0
-        if self.world.size > 1:
-            from mpi4py import MPI
-            flags = self.world.comm.allreduce(flags, op=MPI.BOR)
-        return flags
+        return self.world.allreduce_or(flags)
 
     def _gradients_finite(self, flags):
         """NaN/Inf policy: True to update; skip, or snapshot and stop (comm.nonfinite)."""
@@ -312,10 +339,9 @@ class Trainer:
                 save_solverstate(state, self.solver.state(), model, extra=extra)
             except (OSError, CaffeError) as e:
                 failure = f"snapshot {base}: {e}"
-        if self.world.size > 1:
-            # Every rank waits until rank 0 has written (or failed): nobody aborts the job
-            # while the files are half written, and a failure is reported on every rank.
-            failure = self.world.comm.bcast(failure, root=0)
+        # Every rank waits until rank 0 has written (or failed): nobody aborts the job while
+        # the files are half written, and a failure is reported on every rank.
+        failure = self.world.bcast(failure, root=0)
         if failure:
             raise CaffeError(failure)
         return model, state
@@ -325,8 +351,8 @@ class Trainer:
         local = {"rng": backend.rng_state(),
                  "layers": self._layer_states(self.net),
                  "test_layers": [self._layer_states(net) for net in self.test_nets],
-                 "exchange": self.exchange.state() if self.exchange is not None else None}
-        ranks = self.world.comm.gather(local, root=0) if self.world.size > 1 else [local]
+                 "callbacks": [cb.state() for cb in self.callbacks]}
+        ranks = self.world.gather(local, root=0)
         return {"world": self.world.size, "ranks": ranks}
 
     @staticmethod
@@ -358,8 +384,10 @@ class Trainer:
             self._set_layer_states(self.net, mine["layers"])
             for net, states in zip(self.test_nets, mine.get("test_layers", [])):
                 self._set_layer_states(net, states)
-            if self.exchange is not None and mine.get("exchange"):
-                self.exchange.restore(mine["exchange"])
+            saved = mine.get("callbacks") or [mine.get("exchange")]  # older snapshots: one
+            for cb, state in zip(self.callbacks, saved):
+                if state:
+                    cb.restore(state)
         elif ranks:
             self.log(f"{path}: written by {extra.get('world')} process(es), resumed by "
                      f"{self.world.size}: random and data state restart, weights and history are exact")

@@ -66,7 +66,9 @@ SEED_2NODE_FP8_OVER_FP32_ASYNC = 2.67                           # figure 5, 2 no
 # --- the seed's CaffeNet ---------------------------------------------------------------------
 def caffenet_shapes(path=None):
     """({layer: [tensor sizes]}, {layer: forward MACs per sample}) of CaffeNet, built at batch 1."""
+    from caffe8.wiring import register_all
     from engine.net import Net
+    register_all()
     from engine.net_graph import swap_data_layers
     from engine.prototxt import parse_file
     path = path or os.path.join(REPO, "prototxt", "caffenet", "train_val.prototxt")
@@ -262,7 +264,9 @@ def measure_convert_rate(n=1 << 20, repeats=5):
 def local_validation(bench_path, weak_dir, column="min_seconds"):
     """Predict the p = 2 runs of a weak-scaling folder from their own per-layer compute times and
     an (α, seconds/element) fit per codec of a 2-rank allreduce benchmark."""
+    from caffe8.wiring import register_all
     from engine.net import Net
+    register_all()
     bench = read_bench(bench_path, column)
     fits = {c: pm.fit_alpha_beta(pts) for c, pts in bench.items()}
     convert = measure_convert_rate()
@@ -338,7 +342,9 @@ def check_run(logs, model, bench_path, codec, overlap, p, skip=10, column="min_s
     ``logs``: the run's timing logs (rank 0's first). Measured iteration = median over
     iterations >= ``skip`` of the slowest rank's wall; measured exchange work = median of rank
     0's per-layer encode + quantile + comm + decode, summed."""
+    from caffe8.wiring import register_all
     from engine.net import Net
+    register_all()
     a, s = pm.fit_alpha_beta(read_bench(bench_path, column)[codec])
     a = max(a, 0.0)
     b = pm.CODEC_BYTES[codec]
@@ -374,7 +380,9 @@ def _median(values):
 
 # --- predict ---------------------------------------------------------------------------------
 def predict(args):
+    from caffe8.wiring import register_all
     from engine.net import Net
+    register_all()
     from engine.net_graph import swap_data_layers
     from engine.prototxt import parse_file
     model = parse_file(args.model)
@@ -409,7 +417,7 @@ def predict(args):
 
 
 def build_parser():
-    from engine.inspect_cmd import _shape_arg
+    from caffe8.inspect import _shape_arg
     from _runs import int_list
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="cmd", required=True)

@@ -20,7 +20,7 @@ import numpy
 from engine import backend
 from engine.errors import SolverError
 from solvers import lr_policy
-from solvers.registry import register_solver
+from engine.solver import register_solver
 
 REGULARIZATION_TYPES = ("L1", "L2")
 

@@ -4,7 +4,7 @@ import re
 
 import pytest
 
-from engine.cli import main
+from caffe8.cli import main
 from tests.engine.trainer_util import REPO, write_solver
 
 

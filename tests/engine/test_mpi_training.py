@@ -25,7 +25,7 @@ def _mpiexec():
 
 def run_train(n, solver, cwd, *extra, timeout=300):
     env = dict(os.environ, PYTHONPATH=REPO)
-    cmd = [_mpiexec(), "-n", str(n), sys.executable, "-m", "engine.cli", "train", "--solver", solver, *extra]
+    cmd = [_mpiexec(), "-n", str(n), sys.executable, "-m", "caffe8.cli", "train", "--solver", solver, *extra]
     return subprocess.run(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                           text=True, timeout=timeout)
 
@@ -90,7 +90,7 @@ def test_bad_input_fails_on_every_rank_without_hang(in_digits_cwd, tmp_path):
 def test_single_process_train_without_mpi4py(in_digits_cwd, tmp_path):
     solver = write_solver(tmp_path, max_iter=5, display=5, test_interval=0, test_iter=[], snapshot=0)
     code = ("import sys; sys.modules['mpi4py'] = None\n"
-            "from engine.cli import main\n"
+            "from caffe8.cli import main\n"
             f"sys.exit(main(['train', '--solver', {solver!r}]))")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PMI_", "OMPI_", "MPI_"))}
     env["PYTHONPATH"] = REPO
@@ -167,7 +167,7 @@ def test_sigint_stops_after_the_iteration_with_a_snapshot(in_digits_cwd, tmp_pat
     solver = write_solver(tmp_path, max_iter=100000, display=10, test_interval=0, test_iter=[],
                           snapshot=0)
     env = dict(os.environ, PYTHONPATH=REPO)
-    cmd = [sys.executable, "-m", "engine.cli", "train", "--solver", solver]
+    cmd = [sys.executable, "-m", "caffe8.cli", "train", "--solver", solver]
     if ranks > 1:
         cmd = [_mpiexec(), "-n", str(ranks)] + cmd
     proc = subprocess.Popen(cmd, cwd=in_digits_cwd, env=env, stdout=subprocess.PIPE,

@@ -26,7 +26,7 @@ def launched_by_mpiexec():
 def make_world():
     """The MPI world under mpiexec, else a single-process world (no mpi4py import)."""
     if not launched_by_mpiexec():
-        from engine.trainer import SingleProcessWorld
+        from engine.world import SingleProcessWorld
         return SingleProcessWorld()
     from comm.mpi import get_world, install_excepthook
     world = get_world()
@@ -60,7 +60,7 @@ def _logger(args, world):
 
 
 def cmd_train(args):
-    from engine.trainer import Trainer
+    from caffe8.wiring import build_trainer
     from engine.prototxt import parse_file
     world = make_world()
     log = _logger(args, world)
@@ -69,9 +69,6 @@ def cmd_train(args):
     select_device(args.gpu, sp.solver_mode if sp.has("solver_mode") else None, sp.device_id, world, log)
     if args.snapshot and args.weights:
         raise CaffeError("give either --snapshot or --weights, not both")
-    factory = None
-    if world.size > 1:
-        factory = make_exchange
     timing = None
     if args.timing_log:
         from engine.timing import TimingLog
@@ -82,8 +79,7 @@ def cmd_train(args):
         if world.rank != 0:
             timing = TimingLog(args.timing_log, world.rank, truncate=False)
     _prepare_bundled_data(args.solver, sp, world, log)
-    trainer = Trainer(args.solver, world=world, log=log, exchange_factory=factory, timing=timing,
-                      param=sp)
+    trainer = build_trainer(args.solver, world=world, log=log, timing=timing, param=sp)
     if timing is not None:
         timing.attach(trainer)
     _install_signal_handlers(trainer, log)
@@ -94,8 +90,7 @@ def cmd_train(args):
     finally:
         if progress is not None:
             progress.close()
-        if trainer.exchange is not None:
-            trainer.exchange.close()
+        trainer.close()
         if timing is not None:
             timing.close()
     log("Optimization Done.")
@@ -119,14 +114,6 @@ def _install_signal_handlers(trainer, log):
     signal.signal(signal.SIGINT, on_interrupt)
     if hasattr(signal, "SIGHUP"):
         signal.signal(signal.SIGHUP, lambda signum, frame: trainer.request("snapshot"))
-
-
-def make_exchange(world, comm_param, net):
-    """The solver's ``comm`` block → a per-layer exchange, on a thread when ``async: true``."""
-    from comm.comm_thread import LayerwiseExchange
-    from comm.exchange import GradientExchange
-    return LayerwiseExchange(GradientExchange(world, comm_param, net), net,
-                             asynchronous=getattr(comm_param, "async"))
 
 
 def _progress_bar(world, trainer):
@@ -167,7 +154,9 @@ def _prepare_bundled_data(solver_path, solver_param, world, log):
 
 
 def cmd_test(args):
+    from caffe8.wiring import register_all
     from engine.tester import run_test
+    register_all()
     world = make_world()
     log = _logger(args, world)
     select_device(args.gpu, None, 0, world, log)
@@ -176,7 +165,9 @@ def cmd_test(args):
 
 
 def cmd_time(args):
+    from caffe8.wiring import register_all
     from engine.tester import run_time
+    register_all()
     world = make_world()
     log = _logger(args, world)
     select_device(args.gpu, None, 0, world, log)
@@ -185,7 +176,7 @@ def cmd_time(args):
 
 
 def cmd_inspect(args):
-    from engine.inspect_cmd import inspect_main
+    from caffe8.inspect import inspect_main
     return inspect_main(args.rest)
 
 
@@ -229,7 +220,7 @@ def build_parser():
     m.set_defaults(fn=cmd_time)
     i = sub.add_parser("inspect", help="print layers, shapes and the parameter count "
                        "(MODEL [--phase TEST] [--data-shape data=N,C,H,W ...]; see -h of "
-                       "python -m engine.inspect_cmd)", add_help=False)
+                       "python -m caffe8.inspect)", add_help=False)
     i.add_argument("rest", nargs=argparse.REMAINDER)
     i.set_defaults(fn=cmd_inspect)
     b = sub.add_parser("bench", help="allreduce micro-benchmark (run under mpiexec)")

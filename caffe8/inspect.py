@@ -57,8 +57,10 @@ def describe(net):
 
 def inspect_main(argv=None, out=None):
     """Run ``caffe8 inspect`` with ``argv``; returns the exit status (0, or 1 on a CaffeError)."""
+    from caffe8.wiring import register_all
     from engine.net import Net
     from engine.net_graph import swap_data_layers
+    register_all()
     from engine.prototxt import parse_file
     out = out or sys.stdout
     args = _parser().parse_args(argv)
