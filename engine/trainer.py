@@ -94,7 +94,16 @@ class Trainer:
         value = getattr(self.param, field)
         if field.endswith("_param"):
             return value
-        return resolve_path(value, self.solver_path)
+        return self._existing_net(value, field)
+
+    def _existing_net(self, value, field):
+        """The resolved path of a net file named by solver field ``field``; an error naming
+        the solver line when it does not exist."""
+        path = resolve_path(value, self.solver_path)
+        if not os.path.isfile(path):
+            raise SolverError(f"{self.param.location(field)}: solver field '{field}': net file "
+                              f"'{value}' does not exist")
+        return path
 
     def _build_train_net(self):
         p = self.param
@@ -106,7 +115,7 @@ class Trainer:
     def _build_test_nets(self):
         p = self.param
         sources = [p.test_net_param[i] for i in range(len(p.test_net_param))]
-        sources += [resolve_path(t, self.solver_path) for t in p.test_net]
+        sources += [self._existing_net(t, "test_net") for t in p.test_net]
         generic = p.has("net") or p.has("net_param")
         if len(p.test_iter) < len(sources) or (not generic and len(p.test_iter) != len(sources)):
             raise SolverError(f"{p.location('test_iter')}: {len(p.test_iter)} test_iter value(s) "
