@@ -156,3 +156,42 @@ def test_bad_input_fails_with_one_error_line(base, tmp_path, case, processes):
         assert re.search(re.escape(base_name) + r":\d+", line), line
     if text:
         assert re.search(text, line), line
+
+
+IMAGE_NET = """name: "img"
+layer {{ name: "img" type: "ImageData" top: "data" top: "label"
+  image_data_param {{ source: "{source}" root_folder: "{root}/" batch_size: 2 is_color: false }} }}
+layer {{ name: "ip" type: "InnerProduct" bottom: "data" top: "ip"
+  inner_product_param {{ num_output: 3 weight_filler {{ type: "xavier" }} }} }}
+layer {{ name: "loss" type: "SoftmaxWithLoss" bottom: "ip" bottom: "label" top: "loss" }}
+"""
+
+
+@pytest.mark.parametrize("processes", [1, pytest.param(2, marks=pytest.mark.mpi)])
+def test_corrupt_image_met_during_training_on_one_rank(tmp_path, processes):
+    """Line 8 of the list (rank 1's fourth image with two ranks, read at iteration 1) is not
+    an image: the rank that meets it reports it once, the others are ended with it."""
+    from PIL import Image
+    rng = numpy.random.default_rng(0)
+    lines = []
+    for i in range(16):
+        name = f"img{i}.png"
+        if i == 7:
+            (tmp_path / name).write_bytes(b"this is not a PNG file")
+        else:
+            Image.fromarray(rng.integers(0, 255, (8, 8), dtype=numpy.uint8)).save(tmp_path / name)
+        lines.append(f"{name} {i % 3}")
+    (tmp_path / "list.txt").write_text("\n".join(lines) + "\n")
+    (tmp_path / "net.prototxt").write_text(IMAGE_NET.format(source=tmp_path / "list.txt",
+                                                            root=tmp_path))
+    solver = tmp_path / "solver.prototxt"
+    solver.write_text(f'net: "{tmp_path / "net.prototxt"}"\nbase_lr: 0.01\nlr_policy: "fixed"\n'
+                      "max_iter: 20\ndisplay: 1\nsnapshot: 0\nsnapshot_after_train: false\n"
+                      "solver_mode: CPU\n")
+    r = caffe8(["train", "--solver", solver], cwd=tmp_path, processes=processes, limit=LIMIT)
+    assert r.rc not in (0, None) and not r.leftover, r
+    assert "Traceback" not in r.out, r
+    (line,) = r.error_lines()
+    assert re.search(r"img7\.png.*list\.txt:8", line), line
+    if processes > 1:
+        assert line.startswith("[rank 1] caffe8: error: "), line
