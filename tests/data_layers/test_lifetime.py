@@ -125,6 +125,7 @@ def test_setup_error_of_a_data_layer_names_its_definition(paths, tmp_path):
 
 UNCLOSED = """
 import sys
+import layers  # noqa: F401  (registers the layer types)
 from engine.net import Net
 net = Net(sys.argv[1])
 for _ in range(3):
