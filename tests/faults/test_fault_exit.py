@@ -72,7 +72,9 @@ def test_ctrl_c_stops_with_a_snapshot_and_exits(long_solver, processes):
 
 def test_second_ctrl_c_ends_at_once_and_still_exits(long_solver):
     rc, out = _interrupt_run(long_solver, 1, signals=2)
-    assert rc in (0, 130), out[-3000:]  # 0 when the first stop finished before the second
+    # 130: stopped at once; 0: the first stop finished before the second arrived; -SIGINT:
+    # the second arrived while the interpreter was already exiting (Python's usual Ctrl-C end)
+    assert rc in (0, 130, -2), out[-3000:]
     assert "Traceback" not in out, out[-3000:]
 
 
