@@ -6,8 +6,8 @@ import os
 import signal
 import sys
 
+import engine.model_io
 import engine.snapshot
-import engine.trainer
 
 suffix = sys.argv.pop(1)
 atomic_write = engine.snapshot.atomic_write
@@ -21,8 +21,8 @@ def killed_atomic_write(path, write):
     return atomic_write(path, write_then_die)
 
 
-engine.snapshot.atomic_write = killed_atomic_write
-engine.trainer.atomic_write = killed_atomic_write
+engine.snapshot.atomic_write = killed_atomic_write  # solver states
+engine.model_io.atomic_write = killed_atomic_write  # models
 
 from caffe8.cli import main  # noqa: E402
 

@@ -35,6 +35,7 @@ display: 1
 snapshot: 0
 snapshot_after_train: true
 snapshot_prefix: "{prefix}"
+snapshot_format: HDF5
 random_seed: 5
 solver_mode: CPU
 comm {{ nonfinite: "skip"

@@ -8,6 +8,7 @@ import sys
 
 import h5py
 import numpy
+import pytest
 
 from engine.snapshot import remove_stale_temporaries, snapshot_iters, stale_temporaries
 from tests.faults.faultutil import caffe8, exit_loop, run
@@ -29,8 +30,9 @@ def weights(path):
     return out
 
 
-def solver_with_prefix(case_solver, folder, prefix):
-    text = open(case_solver).read().replace("snapshot: 0", f'snapshot: 5\nsnapshot_prefix: "{prefix}"')
+def solver_with_prefix(case_solver, folder, prefix, fmt):
+    text = open(case_solver).read().replace(
+        "snapshot: 0", f'snapshot: 5\nsnapshot_prefix: "{prefix}"\nsnapshot_format: {fmt}')
     text = text.replace("max_iter: 20", "max_iter: 15")
     path = folder / f"solver_{os.path.basename(prefix)}.prototxt"
     path.write_text(text)
@@ -44,7 +46,10 @@ def test_stale_temporaries_are_only_this_prefixs_of_dead_processes(tmp_path):
              f".run_iter_10.caffemodel.h5.tmp{os.getppid()}": False,  # a live writer
              f".other_iter_10.caffemodel.h5.tmp{gone}": False,    # another prefix
              f".run2_iter_10.caffemodel.h5.tmp{gone}": False,     # a prefix that starts alike
-             "run_iter_5.caffemodel.h5": False}
+             f".run_iter_15.caffemodel.tmp{gone}": True,         # binary proto snapshots
+             f".run_iter_15.solverstate.tmp{gone}": True,
+             "run_iter_5.caffemodel.h5": False,
+             "run_iter_20.solverstate": False}
     for name in names:
         (tmp_path / name).write_bytes(b"x")
     prefix = str(tmp_path / "run")
@@ -52,33 +57,41 @@ def test_stale_temporaries_are_only_this_prefixs_of_dead_processes(tmp_path):
     assert stale_temporaries(prefix) == expected
     assert remove_stale_temporaries(prefix) == expected
     assert sorted(os.listdir(tmp_path)) == sorted(n for n, stale in names.items() if not stale)
-    assert snapshot_iters(prefix) == [5]
+    assert snapshot_iters(prefix) == [5, 20]
 
 
-def test_kill_during_snapshot_then_resume(tmp_path):
+def model_of(path):
+    """Parameters of a snapshot model, read straight from the file: HDF5 datasets, or the
+    bytes of a binary proto (identical parameters serialise identically)."""
+    return weights(path) if str(path).endswith(".h5") else {"bytes": open(path, "rb").read()}
+
+
+@pytest.mark.parametrize("fmt", ["HDF5", "BINARYPROTO"])
+def test_kill_during_snapshot_then_resume(tmp_path, fmt):
+    ext = ".h5" if fmt == "HDF5" else ""
     case = exit_loop.make_case(tmp_path / "case", files=40, rows=4, iters=20)
-    whole = solver_with_prefix(case, tmp_path, str(tmp_path / "whole" / "net"))
+    whole = solver_with_prefix(case, tmp_path, str(tmp_path / "whole" / "net"), fmt)
     r = caffe8(["train", "--solver", whole], cwd=tmp_path, limit=60)
     assert r.rc == 0, r
 
-    killed = solver_with_prefix(case, tmp_path, str(tmp_path / "killed" / "net"))
+    killed = solver_with_prefix(case, tmp_path, str(tmp_path / "killed" / "net"), fmt)
     r = run([sys.executable, os.path.join(HERE, "prog_kill_in_snapshot.py"),
-             "_iter_10.caffemodel.h5", "train", "--solver", killed], cwd=tmp_path, limit=60)
+             f"_iter_10.caffemodel{ext}", "train", "--solver", killed], cwd=tmp_path, limit=60)
     assert r.rc == -9 and not r.leftover, r
     left = sorted(os.listdir(tmp_path / "killed"))
-    stale = [n for n in left if re.fullmatch(r"\.net_iter_10\.caffemodel\.h5\.tmp\d+", n)]
-    assert len(stale) == 1 and "net_iter_10.caffemodel.h5" not in left, left
-    other = tmp_path / "killed" / f".net2_iter_10.caffemodel.h5.tmp{dead_pid()}"
+    stale = [n for n in left if re.fullmatch(re.escape(f".net_iter_10.caffemodel{ext}.tmp") + r"\d+", n)]
+    assert len(stale) == 1 and f"net_iter_10.caffemodel{ext}" not in left, left
+    other = tmp_path / "killed" / f".net2_iter_10.caffemodel{ext}.tmp{dead_pid()}"
     other.write_bytes(b"another prefix's")
 
-    resume = ["train", "--solver", killed, "--snapshot", tmp_path / "killed" / "net_iter_5.solverstate.h5"]
+    resume = ["train", "--solver", killed, "--snapshot", tmp_path / "killed" / f"net_iter_5.solverstate{ext}"]
     r = caffe8(resume, cwd=tmp_path, limit=60)
     assert r.rc == 0 and not r.leftover, r
     assert re.search(r"Removed a stale snapshot temporary .*" + re.escape(stale[0]), r.out), r
     assert "newer than this run's start" not in r.out, r
     assert not (tmp_path / "killed" / stale[0]).exists() and other.exists()
-    a = weights(tmp_path / "whole" / "net_iter_15.caffemodel.h5")
-    b = weights(tmp_path / "killed" / "net_iter_15.caffemodel.h5")
+    a = model_of(tmp_path / "whole" / f"net_iter_15.caffemodel{ext}")
+    b = model_of(tmp_path / "killed" / f"net_iter_15.caffemodel{ext}")
     assert a.keys() == b.keys() and a
     for k in a:
         numpy.testing.assert_array_equal(a[k], b[k])
