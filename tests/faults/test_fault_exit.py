@@ -124,3 +124,17 @@ layer {{ name: "loss" type: "SoftmaxWithLoss" bottom: "ip" bottom: "label" top: 
     with pytest.raises(CaffeError, match=r"unknown bottom blob 'lable'"):
         build_trainer(str(s))
     assert os.path.realpath(paths["lmdb"]) not in lmdb_data._ENVS
+
+
+def test_caffe8_test_on_many_small_hdf5_files_exits(solver, tmp_path):
+    import os
+    text = open(solver).read().replace("snapshot_after_train: false", "snapshot_after_train: true")
+    trained = tmp_path / "solver.prototxt"
+    trained.write_text(text + f'snapshot_prefix: "{tmp_path}/m"\nsnapshot_format: HDF5\n')
+    r = caffe8(["train", "--solver", trained], cwd=tmp_path, limit=60)
+    assert r.rc == 0, r
+    net = os.path.join(os.path.dirname(solver), "net.prototxt")
+    for _ in range(3):
+        r = caffe8(["test", "--model", net, "--weights", tmp_path / "m_iter_20.caffemodel.h5",
+                    "--iterations", "30"], cwd=tmp_path, limit=60)
+        assert r.rc == 0 and not r.leftover and "Loss:" in r.out, r
