@@ -129,12 +129,19 @@ def cmd_train(args):
     _install_signal_handlers(trainer, log, args.sigint_effect, args.sighup_effect)
     log("Starting Optimization")
     progress = _progress_bar(world, trainer)
+    aborting = False
     try:
         trainer.solve(resume_file=args.snapshot, weights=args.weights, progress=progress)
+    except BaseException:
+        # Under MPI main() ends the whole job with MPI_Abort, which kills every process at
+        # once; closing first could wait on a collective with ranks that are already gone.
+        aborting = world.size > 1
+        raise
     finally:
         if progress is not None:
             progress.close()
-        trainer.close()
+        if not aborting:
+            trainer.close()  # joins the prefetch and communication threads before exit
         if timing is not None:
             timing.close()
     log("Optimization Done.")
@@ -406,22 +413,25 @@ def main(argv=None):
     try:
         return args.fn(args)
     except CaffeError as e:
-        print(f"caffe8: error: {e}", file=sys.stderr, flush=True)
-        _abort_if_mpi(1)
-        return 1
+        return _fail(1, f"caffe8: error: {e}")
     except KeyboardInterrupt:
-        _abort_if_mpi(130)
-        return 130
+        return _fail(130, None)
 
 
-def _abort_if_mpi(code):
-    """Under MPI, one rank's error must end the whole job (never a hang in a collective)."""
+def _fail(code, text):
+    """Report a failure: one line on stderr and exit status ``code``. Under MPI one rank's
+    error must end the whole job (never a hang in a collective): the first failing rank
+    prints, rank-prefixed, and aborts the job; the others stay quiet (``comm.mpi.fail_job``)."""
     if launched_by_mpiexec() and "mpi4py.MPI" in sys.modules:
         from mpi4py import MPI
         if MPI.Is_initialized() and not MPI.Is_finalized():
-            import time
-            time.sleep(0.2)  # let mpiexec forward the error message before it kills the job
-            MPI.COMM_WORLD.Abort(code)
+            from comm.mpi import fail_job
+            fail_job(text, code)
+    if text:
+        sys.stdout.flush()
+        sys.stderr.write(text.rstrip("\n") + "\n")  # one write: never split by other output
+        sys.stderr.flush()
+    return code
 
 
 if __name__ == "__main__":

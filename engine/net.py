@@ -59,6 +59,14 @@ class Net:
         if self._log:
             self._log("Initializing net from parameters: \n" + to_text(self.param))
         self._memory_used = 0
+        self.layers = []
+        try:
+            self._build(weights)
+        except BaseException:
+            self.close()  # the data layers built so far hold files (and maybe threads)
+            raise
+
+    def _build(self, weights):
         self._build_layers()
         self._prune_backward()
         if self.param.force_backward:
@@ -69,6 +77,29 @@ class Net:
         self._flatten_params()
         if weights is not None:
             self.copy_trained_layers_from(weights)
+
+    # --- lifetime ------------------------------------------------------------------------------
+    def close(self, timeout=None):
+        """Close every layer that holds threads or files (the data layers): their prefetch
+        threads are joined (each waits up to ``timeout`` s, the layer's default when None)
+        before their files are released. Returns the names of layers whose thread was still
+        busy (their files are left open); safe to call twice, and the net cannot run after."""
+        busy = []
+        for layer in self.layers:
+            close = getattr(layer, "close", None)
+            if close is None:
+                continue
+            ended = close() if timeout is None else close(timeout)
+            if ended is False:
+                busy.append(layer.name)
+        return busy
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
 
     # --- building ------------------------------------------------------------------------------
     def _build_layers(self):
@@ -172,13 +203,19 @@ class Net:
         return blob
 
     def _setup_layer(self, layer, bottom_vec, top_vec):
+        where = layer.layer_param.location()
+        where = None if where.startswith("<") else where  # not read from a file
         try:
             layer.setup(bottom_vec, top_vec)
+        except LayerError as e:
+            if e.layer_name != layer.name:
+                raise
+            raise e.at(where) from e.__cause__
         except CaffeError:
             raise
         except Exception as e:  # a layer's own shape check failing deep inside NumPy
             raise LayerError(layer.name, f"setup failed: {type(e).__name__}: {e}",
-                             layer.type) from e
+                             layer.type, where) from e
 
     def _loss_weights(self, layer, layer_param, top_vec):
         given = list(layer_param.loss_weight)

@@ -16,6 +16,7 @@ Reading chooses the format by the name, as Caffe's ``Solver::Restore`` does (``.
 """
 import json
 import os
+import re
 
 import h5py
 import numpy
@@ -46,7 +47,7 @@ def atomic_write(path, write):
     path = str(path)
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)
-    tmp = os.path.join(directory, f".{os.path.basename(path)}.tmp{os.getpid()}")
+    tmp = os.path.join(directory, _temporary_name(path))
     try:
         write(tmp)
         fd = os.open(tmp, os.O_RDONLY)
@@ -58,6 +59,67 @@ def atomic_write(path, write):
     finally:
         if os.path.exists(tmp):
             os.remove(tmp)
+
+
+def _temporary_name(path):
+    return f".{os.path.basename(path)}.tmp{os.getpid()}"
+
+
+def _pid_alive(pid):
+    if pid == os.getpid():  # a leftover of an earlier process that had our PID
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's live process
+        return True
+    return True
+
+
+def _prefix_pattern(prefix, kinds):
+    # binary proto snapshots have no extension after the kind, HDF5 ones end in .h5
+    return re.compile(re.escape(os.path.basename(prefix)) + r"_iter_(\d+)\.(" + kinds + r")(\.h5)?")
+
+
+def stale_temporaries(prefix):
+    """Temporary files ``atomic_write`` left behind for snapshots of ``prefix`` (a process
+    killed while writing): only this prefix's, only those whose writing process is dead."""
+    directory = os.path.dirname(os.path.abspath(prefix))
+    pattern = _prefix_pattern(prefix, "caffemodel|solverstate")
+    found = []
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return found
+    for name in names:
+        m = re.fullmatch(r"\.(.+)\.tmp(\d+)", name)
+        if m and pattern.fullmatch(m.group(1)) and not _pid_alive(int(m.group(2))):
+            found.append(os.path.join(directory, name))
+    return sorted(found)
+
+
+def remove_stale_temporaries(prefix):
+    """Remove ``stale_temporaries(prefix)``; returns the paths removed."""
+    removed = []
+    for path in stale_temporaries(prefix):
+        try:
+            os.remove(path)
+            removed.append(path)
+        except FileNotFoundError:
+            pass
+    return removed
+
+
+def snapshot_iters(prefix):
+    """Sorted iterations N of the ``<prefix>_iter_N`` snapshot files (model or solver state)."""
+    directory = os.path.dirname(os.path.abspath(prefix))
+    pattern = _prefix_pattern(prefix, "caffemodel|solverstate")
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return []
+    return sorted({int(m.group(1)) for m in map(pattern.fullmatch, names) if m})
 
 
 def save_solverstate(path, state, learned_net, extra=None):

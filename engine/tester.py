@@ -64,7 +64,10 @@ def run_test(model, weights, iterations, world, log):
         for (label, _, _), v in zip(_element_names(outputs), values):
             log(f"Batch {i}, {label} = {fmt(v)}")
 
-    outputs, means, loss = average_outputs(net, iterations, world, log_batch)
+    try:
+        outputs, means, loss = average_outputs(net, iterations, world, log_batch)
+    finally:
+        net.close()  # join the data layers' prefetch threads before the process exits
     log(f"Loss: {fmt(loss)}")
     names = _element_names(outputs)
     for (label, _, w), v in zip(names, means):

@@ -15,7 +15,8 @@ from engine.errors import CaffeError, SolverError
 from engine.glog import fmt
 from engine.net import Net
 from engine.prototxt import parse_file, to_text
-from engine.snapshot import load_solverstate, snapshot_names
+from engine.snapshot import (load_solverstate, remove_stale_temporaries, snapshot_iters,
+                             snapshot_names)
 from engine.solver import create_solver
 from engine.tester import average_outputs, output_values
 from engine.world import SingleProcessWorld
@@ -53,16 +54,21 @@ class Trainer:
         self.log("Initializing solver from parameters: \n" + to_text(p))
         if p.random_seed >= 0:
             backend.seed(int(p.random_seed) + self.world.rank)
-        self.net = self._build_train_net()
-        self.test_nets = self._build_test_nets()
-        self.solver = create_solver(p, self.net, log=self.log)
-        self.callbacks = []
+        self.net, self.test_nets, self.callbacks = None, [], []
+        try:
+            self.net = self._build_train_net()
+            self.test_nets = self._build_test_nets()
+            self.solver = create_solver(p, self.net, log=self.log)
+        except BaseException:
+            self.close()  # the nets built so far hold files and prefetch threads
+            raise
         self._last_pass = True
         self.net.add_backward_hook(self._after_backward)
         self.losses = []
         self.smoothed_loss = 0.0
         self.last_snapshot_iter = None
         self._requests = 0
+        self.skipped_in_a_row = 0
         self.stopped_early = False
         self._broadcast_weights()
 
@@ -89,7 +95,16 @@ class Trainer:
         value = getattr(self.param, field)
         if field.endswith("_param"):
             return value
-        return resolve_path(value, self.solver_path)
+        return self._existing_net(value, field)
+
+    def _existing_net(self, value, field):
+        """The resolved path of a net file named by solver field ``field``; an error naming
+        the solver line when it does not exist."""
+        path = resolve_path(value, self.solver_path)
+        if not os.path.isfile(path):
+            raise SolverError(f"{self.param.location(field)}: solver field '{field}': net file "
+                              f"'{value}' does not exist")
+        return path
 
     def _build_train_net(self):
         p = self.param
@@ -103,7 +118,7 @@ class Trainer:
     def _build_test_nets(self):
         p = self.param
         sources = [p.test_net_param[i] for i in range(len(p.test_net_param))]
-        sources += [resolve_path(t, self.solver_path) for t in p.test_net]
+        sources += [self._existing_net(t, "test_net") for t in p.test_net]
         generic = p.has("net") or p.has("net_param")
         if len(p.test_iter) < len(sources) or (not generic and len(p.test_iter) != len(sources)):
             raise SolverError(f"{p.location('test_iter')}: {len(p.test_iter)} test_iter value(s) "
@@ -115,17 +130,16 @@ class Trainer:
         if p.test_state and len(p.test_state) != len(sources):
             raise SolverError(f"{p.location('test_state')}: {len(p.test_state)} test_state(s) for "
                               f"{len(sources)} test net(s); give none or one per test net")
-        nets = []
-        for i, src in enumerate(sources):
+        for i, src in enumerate(sources):  # appended one by one, so close() sees every net built
             st = p.test_state[i] if i < len(p.test_state) else None
             self.log(f"Creating test net (#{i}) specified by "
                      + (f"file: {src}" if isinstance(src, str) else "a net parameter"))
             net = Net(src, phase="TEST", level=st.level if st else 0,
                       stages=tuple(st.stage) if st else (), rank=self.world.rank,
                       world=self.world.size, log=self.log)
+            self.test_nets.append(net)
             net.share_trained_layers_with(self.net)
-            nets.append(net)
-        return nets
+        return self.test_nets
 
     def _broadcast_weights(self):
         """Every rank starts from rank 0's weights (bit-identical parameters from iteration 0)."""
@@ -151,10 +165,22 @@ class Trainer:
                 cb.on_backward(layer_index)
 
     def close(self):
-        """End the callbacks' threads and free their resources (idempotent)."""
+        """End the callbacks' threads, then close the train and test nets (their data layers'
+        prefetch threads are joined before files are released). Idempotent; the CLI calls it
+        in ``finally``, and ``with Trainer(...) as trainer:`` does too."""
         callbacks, self.callbacks = self.callbacks, []
-        for cb in callbacks:
-            cb.close()
+        try:
+            for cb in callbacks:
+                cb.close()
+        finally:
+            nets = [n for n in [self.net, *self.test_nets] if n is not None]
+            busy = [name for net in nets for name in net.close()]
+            if busy:
+                self._warn(f"data layer(s) {', '.join(busy)}: prefetch thread still reading "
+                           "after the close timeout; their files stay open until it ends")
+
+    def _warn(self, message):
+        getattr(self.log, "warning", self.log)(message)
 
     def __enter__(self):
         return self
@@ -180,6 +206,8 @@ class Trainer:
         if resume_file:
             self.log(f"Resuming from {resume_file}")
             self.restore(resume_file)
+        if self.world.rank == 0:
+            self._check_snapshot_prefix()
         self.step(p.max_iter - self.iter, progress)
         if self.stopped_early:
             if p.snapshot_after_train and self.last_snapshot_iter != self.iter:
@@ -191,7 +219,7 @@ class Trainer:
         if p.display and self.iter % p.display == 0:
             self.net.forward()
             self._update_smoothed_loss(self.net.loss, self.iter)
-            self.log(f"Iteration {self.iter}, loss = {fmt(self.smoothed_loss)}")
+            self.log(f"Iteration {self.iter}, loss = {fmt(self._displayed_loss(self.net.loss))}")
         if p.test_interval and self.iter % p.test_interval == 0:
             self.test_all()
         self.log("Optimization Done.")
@@ -218,7 +246,7 @@ class Trainer:
                 elapsed = max(now - last_time, 1e-9)
                 rate = (self.iter - last_iter) / elapsed
                 self.log(f"Iteration {self.iter} ({fmt(rate)} iter/s, {fmt(elapsed)}s/{p.display} iters), "
-                         f"loss = {fmt(self.smoothed_loss)}")
+                         f"loss = {fmt(self._displayed_loss(loss))}")
                 last_time, last_iter = now, self.iter
                 self._log_outputs("Train", output_values(self.net))
             t_wait = time.perf_counter()
@@ -268,6 +296,11 @@ class Trainer:
             self.smoothed_loss += (loss - self.losses[idx]) / n
             self.losses[idx] = loss
 
+    def _displayed_loss(self, loss):
+        """The smoothed loss, or this iteration's own loss when that is NaN/Inf: Caffe prints
+        ``nan`` then, and a frozen average would hide that training has diverged."""
+        return self.smoothed_loss if math.isfinite(loss) else loss
+
     def request(self, action):
         """Ask the loop to "stop" (snapshot, then end, as Caffe's SIGINT) or "snapshot" (SIGHUP)
         after the current iteration; safe to call from a signal handler."""
@@ -288,12 +321,22 @@ class Trainer:
     def _gradients_finite(self, flags):
         """NaN/Inf policy: True to update; skip, or snapshot and stop (comm.nonfinite)."""
         if not flags & _NONFINITE:
+            self.skipped_in_a_row = 0
             return True
-        policy = self.param.comm.nonfinite
-        if policy == "skip":
-            self.log(f"Iteration {self.iter}: non-finite gradient, update skipped")
-            self.solver.iter += 1
-            return False
+        comm = self.param.comm
+        if comm.nonfinite == "skip":
+            limit = int(comm.max_consecutive_skips)
+            if self.skipped_in_a_row < limit:
+                self.skipped_in_a_row += 1
+                self.log(f"Iteration {self.iter}: non-finite gradient, update skipped "
+                         f"({self.skipped_in_a_row} of at most {limit} in a row)")
+                self.solver.iter += 1
+                return False
+            self.snapshot()
+            raise CaffeError(f"{comm.location('max_consecutive_skips')}: iteration {self.iter}: "
+                             f"non-finite loss or gradient after {limit} consecutive skipped "
+                             f"updates (comm {{ max_consecutive_skips: {limit} }}); snapshot "
+                             "written; training diverges: lower base_lr")
         self.snapshot()
         raise CaffeError(f"iteration {self.iter}: non-finite loss or gradient; snapshot written "
                          f"(set comm {{ nonfinite: \"skip\" }} in the solver to skip such updates)")
@@ -331,6 +374,20 @@ class Trainer:
                 prefix = os.path.join(prefix, os.path.splitext(os.path.basename(self.solver_path))[0])
             return prefix
         return os.path.splitext(self.solver_path)[0]
+
+    def _check_snapshot_prefix(self):
+        """Before training (rank 0): remove the temporaries a killed run of this prefix left
+        behind, and warn when the prefix holds snapshots newer than where this run starts —
+        another run's, which this one would overwrite or mix with."""
+        prefix = self.snapshot_prefix()
+        for path in remove_stale_temporaries(prefix):
+            self.log(f"Removed a stale snapshot temporary of a killed run: {path}")
+        newer = [n for n in snapshot_iters(prefix) if n > self.iter]
+        if newer:
+            self._warn(f"snapshot prefix {prefix} already holds snapshots of iteration(s) "
+                       f"{', '.join(map(str, newer))}, newer than this run's start (iteration "
+                       f"{self.iter}): they come from another run and will be overwritten or "
+                       "mixed with this run's; use another snapshot_prefix to keep them apart")
 
     def snapshot(self):
         """Rank 0 writes model and solver state atomically, in ``snapshot_format`` (Caffe's

@@ -82,8 +82,9 @@ def test_bad_input_fails_on_every_rank_without_hang(in_digits_cwd, tmp_path):
                    'lr_policy: "fixed"\nbogus_field: 3\n')
     r = run_train(2, str(bad), in_digits_cwd, timeout=60)
     assert r.returncode != 0
-    errors = [l for l in r.stdout.splitlines() if l.startswith("caffe8: error:")]
-    assert errors and all("bad.prototxt:5:1" in e and "bogus_field" in e for e in errors)
+    errors = [l for l in r.stdout.splitlines() if "caffe8: error:" in l]
+    assert len(errors) == 1 and re.match(r"\[rank \d\] caffe8: error: ", errors[0])  # one rank
+    assert "bad.prototxt:5:1" in errors[0] and "bogus_field" in errors[0]
     assert "Traceback" not in r.stdout
 
 
