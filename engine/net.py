@@ -64,10 +64,9 @@ class Net:
         self._blob_need_backward = {}           # blob name → needs a gradient
         self._producer = {}                     # blob name → name of the layer that made it
         available = OrderedDict()               # produced and not yet consumed (→ outputs)
+        # Caffe does not require unique layer names (BVLC's mnist_autoencoder has two "loss"
+        # layers); lookups by name take the first layer of that name, as Caffe's do.
         for layer_param in self.param.layer:
-            if layer_param.name in self.layer_names:
-                raise LayerError(layer_param.name, "duplicate layer name (at "
-                                 f"{layer_param.location('name')}); layer names must be unique")
             self._build_layer(layer_param, available)
         self.output_blob_names = sorted(available)
         self.blob_loss_weights = OrderedDict()
@@ -379,10 +378,13 @@ class Net:
     # --- sharing and files ---------------------------------------------------------------------
     def share_trained_layers_with(self, other):
         """Use ``other``'s parameter data (not diff) for layers of the same name (test nets)."""
-        theirs = dict(zip(other.layer_names, other.layers))
+        # Caffe's ShareTrainedLayersWith: each source layer goes to the first layer of its name
+        targets = {}
         for layer in self.layers:
-            src = theirs.get(layer.name)
-            if src is None:
+            targets.setdefault(layer.name, layer)
+        for src in other.layers:
+            layer = targets.get(src.name)
+            if layer is None:
                 continue
             if len(src.blobs) != len(layer.blobs):
                 raise LayerError(layer.name, f"incompatible number of blobs: {len(src.blobs)} in "
