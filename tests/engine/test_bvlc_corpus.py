@@ -290,3 +290,30 @@ def test_cifar_sigmoid_batchnorm_normalises_and_backpropagates():
     net.clear_param_diffs()
     net.backward()
     assert numpy.isfinite(net.flat_diff).all() and numpy.abs(net.params["conv1"][0].diff).sum() > 0
+
+
+def _lrn(name, bottom):
+    return _layer(name, "LRN", [bottom], [name], "  lrn_param { local_size: 3 alpha: 5e-05 "
+                  "beta: 0.75 norm_region: WITHIN_CHANNEL }\n")
+
+
+CIFAR_FULL = (
+    'name: "cifar_full"\n' + _data(["data", "label"], "TRAIN") + _data(["data", "label"], "TEST") +
+    _conv("conv1", "data", 32, 5, 2) + _pool("pool1", "conv1", "MAX", 3, 2) +
+    _layer("relu1", "ReLU", ["pool1"], ["pool1"]) + _lrn("norm1", "pool1") +
+    _conv("conv2", "norm1", 32, 5, 2) + _layer("relu2", "ReLU", ["conv2"], ["conv2"]) +
+    _pool("pool2", "conv2", "AVE", 3, 2) + _lrn("norm2", "pool2") +
+    _conv("conv3", "norm2", 64, 5, 2) + _layer("relu3", "ReLU", ["conv3"], ["conv3"]) +
+    _pool("pool3", "conv3", "AVE", 3, 2) + _ip("ip1", "pool3", 10) +
+    _layer("loss", "SoftmaxWithLoss", ["ip1", "label"], ["loss"]))
+
+
+def test_cifar_full_shapes_and_parameter_count():
+    """CIFAR-10 full: 32x32 → pool1 16 → pool2 8 → pool3 4 (ceil pooling, k3 s2), so ip1 sees
+    64x4x4 = 1024 inputs; the count follows from the layer shapes."""
+    net = _built(CIFAR_FULL, {"data": (2, 3, 32, 32), "label": (2,)})
+    shapes = {n: net.blobs[n].shape for n in ("pool1", "norm1", "pool2", "pool3", "ip1")}
+    assert shapes == {"pool1": (2, 32, 16, 16), "norm1": (2, 32, 16, 16),
+                      "pool2": (2, 32, 8, 8), "pool3": (2, 64, 4, 4), "ip1": (2, 10)}
+    want = (32 * 3 * 25 + 32) + (32 * 32 * 25 + 32) + (64 * 32 * 25 + 64) + (10 * 1024 + 10)
+    assert sum(b.count for b in net.learnable_params) == want == 89_578
