@@ -99,6 +99,13 @@ class Net:
             available.pop(name, None)
         top_vec = [self._append_top(layer, layer_param, j, name, bottoms, available)
                    for j, name in enumerate(layer_param.top)]
+        top_names = list(layer_param.top)
+        if layer.auto_top_blobs:
+            # anonymous, as in Caffe: no other layer can use them and they are not net outputs
+            needed = max(layer.min_top or 0, layer.exact_num_top or 0)
+            for _ in range(len(top_vec), needed):
+                top_vec.append(Blob((), self.dtype))
+                top_names.append("(automatic)")
         if layer.is_data:
             layer.rank, layer.world = self.rank, self.world
         self._setup_layer(layer, bottom_vec, top_vec)
@@ -107,13 +114,13 @@ class Net:
         self.bottom_vecs.append(bottom_vec)
         self.top_vecs.append(top_vec)
         self.bottom_names.append(bottoms)
-        self.top_names.append(list(layer_param.top))
+        self.top_names.append(top_names)
         self.bottom_need_backward.append(bottom_need)
         self.layer_need_backward.append(need_backward)
         for name in layer_param.top:
             self._blob_need_backward[name] = self._blob_need_backward.get(name, False) or need_backward
         if self._log:
-            for name, blob in zip(layer_param.top, top_vec):
+            for name, blob in zip(top_names, top_vec):
                 dims = " ".join(str(d) for d in blob.shape)
                 self._log(f"Top shape: {dims} ({blob.count})")
         return i

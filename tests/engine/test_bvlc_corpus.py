@@ -317,3 +317,29 @@ def test_cifar_full_shapes_and_parameter_count():
                       "pool2": (2, 32, 8, 8), "pool3": (2, 64, 4, 4), "ip1": (2, 10)}
     want = (32 * 3 * 25 + 32) + (32 * 32 * 25 + 32) + (64 * 32 * 25 + 64) + (10 * 1024 + 10)
     assert sum(b.count for b in net.learnable_params) == want == 89_578
+
+
+V1_NET = """name: "v1"
+layers { name: "d" type: DATA top: "data" top: "label"
+  data_param { source: "absent_leveldb" batch_size: 3 scale: 0.00390625 } }
+layers { name: "ip" type: INNER_PRODUCT bottom: "data" top: "ip" blobs_lr: 1 blobs_lr: 2
+  weight_decay: 1 weight_decay: 0
+  inner_product_param { num_output: 4 weight_filler { type: "xavier" } } }
+layers { name: "loss" type: SOFTMAX_LOSS bottom: "ip" bottom: "label" }
+"""
+
+
+def test_v1_net_whose_loss_layer_has_no_top():
+    """Old (V1) nets often leave the loss layer's top out; Caffe adds an anonymous one."""
+    net = _built(V1_NET, {"data": (3, 5), "label": (3,)})
+    assert net.output_blob_names == [] and net.layer_loss_weights[-1] == [1.0]
+    assert net.params_lr == [1.0, 2.0] and net.params_weight_decay == [1.0, 0.0]
+    rng = numpy.random.default_rng(3)
+    x = rng.normal(size=(3, 5))
+    net.blobs["data"].data[...] = x
+    net.blobs["label"].data[...] = [0, 2, 3]
+    w, b = (p.data.astype(float) for p in net.params["ip"])
+    z = x @ w.T + b
+    logp = z - z.max(axis=1, keepdims=True)
+    logp -= numpy.log(numpy.exp(logp).sum(axis=1, keepdims=True))
+    assert net.forward_loss() == pytest.approx(-logp[range(3), [0, 2, 3]].mean(), rel=1e-5)

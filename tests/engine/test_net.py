@@ -402,3 +402,28 @@ def test_hdf5_model_refuses_two_same_named_layers_with_params(tmp_path):
                + halfsq("loss", "y").replace('top: "loss"', 'top: "l2"'))
     ok.to_hdf5(str(tmp_path / "ok.h5"))
     build(DATA + linear("a", "x", "y"), weights=str(tmp_path / "ok.h5"))
+
+
+def test_loss_layer_without_a_top_gets_an_anonymous_one():
+    """Caffe's AutoTopBlobs: a loss layer may omit its top (old nets do); the Net adds one,
+    weighted 1, that is neither a net output nor usable as a bottom."""
+    net = build(DATA + linear("a", "x", "y") +
+                'layer { name: "l" type: "NTHalfSq" bottom: "y" }\n')
+    assert net.top_names[-1] == ["(automatic)"] and net.layer_loss_weights[-1] == [1.0]
+    assert net.output_blob_names == ["t"]
+    w, b = (p.data.astype(float) for p in net.params["a"])
+    y = x_data() @ w.T + b
+    assert net.forward_loss() == pytest.approx(0.5 * (y ** 2).sum(), rel=1e-5)
+    net.clear_param_diffs()
+    net.backward()
+    want = y.T @ x_data()
+    numpy.testing.assert_allclose(net.params["a"][0].diff, want, rtol=1e-5,
+                                  atol=1e-5 * numpy.abs(want).max())
+    with pytest.raises(LayerError, match="unknown bottom blob"):
+        build(DATA + linear("a", "x", "y") + 'layer { name: "l" type: "NTHalfSq" bottom: "y" }\n'
+              + 'layer { name: "m" type: "NTDouble" bottom: "(automatic)" top: "z" }\n')
+
+
+def test_a_layer_that_is_not_a_loss_still_needs_its_tops():
+    with pytest.raises(LayerError, match=r"layer 'd'.*produces exactly 1 top blob\(s\), got 0"):
+        build(DATA + 'layer { name: "d" type: "NTDouble" bottom: "x" }\n')
