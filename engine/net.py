@@ -120,7 +120,7 @@ class Net:
         for name in layer_param.top:
             self._blob_need_backward[name] = self._blob_need_backward.get(name, False) or need_backward
         if self._log:
-            for name, blob in zip(top_names, top_vec):
+            for name, blob in zip(layer_param.top, top_vec):
                 dims = " ".join(str(d) for d in blob.shape)
                 self._log(f"Top shape: {dims} ({blob.count})")
         return i
