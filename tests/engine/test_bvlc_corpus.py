@@ -92,8 +92,13 @@ def _data_shape_args(rel):
     return args
 
 
+# the GRU benchmark holds 270 M parameters (over 2 GB with their gradients)
+BIG = {"prototxt/gru/gru_benchmark.prototxt"}
+
+
 @pytest.mark.parametrize("phase", ["TRAIN", "TEST"])
-@pytest.mark.parametrize("rel", NETS)
+@pytest.mark.parametrize("rel", [pytest.param(f, marks=pytest.mark.slow) if f in BIG else f
+                                 for f in NETS])
 def test_inspect_loads_every_net(rel, phase, no_fill, capsys):
     out = io.StringIO()
     rc = inspect_main([os.path.join(ROOT, rel), "--phase", phase] + _data_shape_args(rel), out=out)
