@@ -58,6 +58,12 @@ class Layer(abc.ABC):
     #: data layers never backpropagate and never take bottoms
     is_data = False
 
+    @property
+    def auto_top_blobs(self):
+        """Caffe's AutoTopBlobs, true for its loss layers (those weighted by default): the Net
+        adds the tops the prototxt leaves out (old nets often give a loss layer none)."""
+        return self.default_loss_weight != 0
+
     def __init__(self, layer_param, phase="TRAIN", dtype=numpy.float32):
         self.layer_param = layer_param
         self.name = layer_param.name

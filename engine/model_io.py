@@ -61,7 +61,9 @@ def source_layers(net_pb):
 
 def copy_trained_layers_binary(net, path):
     """Copy params of same-named layers from the binary model at ``path`` into ``net``."""
-    index = {name: i for i, name in enumerate(net.layer_names)}
+    index = {}
+    for i, name in enumerate(net.layer_names):
+        index.setdefault(name, i)  # Caffe searches for the first layer of that name
     for name, blobs, _ in source_layers(read_binary_net(path)):
         i = index.get(name)
         if i is None:

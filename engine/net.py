@@ -112,10 +112,9 @@ class Net:
         self._blob_need_backward = {}           # blob name → needs a gradient
         self._producer = {}                     # blob name → name of the layer that made it
         available = OrderedDict()               # produced and not yet consumed (→ outputs)
+        # Caffe does not require unique layer names (BVLC's mnist_autoencoder has two "loss"
+        # layers); lookups by name take the first layer of that name, as Caffe's do.
         for layer_param in self.param.layer:
-            if layer_param.name in self.layer_names:
-                raise LayerError(layer_param.name, "duplicate layer name (at "
-                                 f"{layer_param.location('name')}); layer names must be unique")
             self._build_layer(layer_param, available)
         self.output_blob_names = sorted(available)
         self.blob_loss_weights = OrderedDict()
@@ -151,6 +150,13 @@ class Net:
             available.pop(name, None)
         top_vec = [self._append_top(layer, layer_param, j, name, bottoms, available)
                    for j, name in enumerate(layer_param.top)]
+        top_names = list(layer_param.top)
+        if layer.auto_top_blobs:
+            # anonymous, as in Caffe: no other layer can use them and they are not net outputs
+            needed = max(layer.min_top or 0, layer.exact_num_top or 0)
+            for _ in range(len(top_vec), needed):
+                top_vec.append(Blob((), self.dtype))
+                top_names.append("(automatic)")
         if layer.is_data:
             layer.rank, layer.world = self.rank, self.world
         if self._log:
@@ -165,7 +171,7 @@ class Net:
         self.bottom_vecs.append(bottom_vec)
         self.top_vecs.append(top_vec)
         self.bottom_names.append(bottoms)
-        self.top_names.append(list(layer_param.top))
+        self.top_names.append(top_names)
         self.bottom_need_backward.append(bottom_need)
         self.layer_need_backward.append(need_backward)
         for name in layer_param.top:
@@ -478,10 +484,13 @@ class Net:
     # --- sharing and files ---------------------------------------------------------------------
     def share_trained_layers_with(self, other):
         """Use ``other``'s parameter data (not diff) for layers of the same name (test nets)."""
-        theirs = dict(zip(other.layer_names, other.layers))
+        # Caffe's ShareTrainedLayersWith: each source layer goes to the first layer of its name
+        targets = {}
         for layer in self.layers:
-            src = theirs.get(layer.name)
-            if src is None:
+            targets.setdefault(layer.name, layer)
+        for src in other.layers:
+            layer = targets.get(src.name)
+            if layer is None:
                 continue
             if len(src.blobs) != len(layer.blobs):
                 raise LayerError(layer.name, f"incompatible number of blobs: {len(src.blobs)} in "

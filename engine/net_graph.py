@@ -165,12 +165,14 @@ def swap_data_layers(net_param, shapes):
 
     ``shapes`` maps a data layer's top name to its full shape, e.g.
     ``{"data": (2, 3, 227, 227), "label": (2,)}``; every top of a swapped layer must be listed.
-    Layers of other types are kept unchanged.
+    Layers of other types are kept unchanged, and so is a DummyData layer none of whose tops is
+    listed: it reads no files (pycaffe's linreg example feeds its net that way).
     """
     out = net_param.copy()
     new_layers = []
     for layer in out.layer:
-        if layer.type not in DATA_LAYER_TYPES or layer.type == "Input":
+        if layer.type not in DATA_LAYER_TYPES or layer.type == "Input" or (
+                layer.type == "DummyData" and not any(t in shapes for t in layer.top)):
             new_layers.append(layer)
             continue
         missing = [t for t in layer.top if t not in shapes]

@@ -58,5 +58,8 @@ def write_model(net, path, write_diff=False):
                 for k, blob in enumerate(layer.blobs):
                     if not is_diff and not net.owns_param(i, k):
                         continue
+                    if str(k) in group:  # a second layer of the same name: one group each
+                        raise DataError(f"{path}: two layers named '{layer.name}' hold params; "
+                                        "the HDF5 model format needs unique names")
                     arr = blob.diff if is_diff else blob.data
                     group.create_dataset(str(k), data=backend.to_numpy(arr))

@@ -3,6 +3,7 @@ net_test_layers (so a bug in a real layer cannot hide a bug in the Net)."""
 import numpy
 import pytest
 
+from engine import model_io
 from engine.errors import CaffeError, LayerError
 from engine.net import Net
 from engine.net_graph import filter_net
@@ -364,3 +365,77 @@ def test_share_trained_layers_with_shares_data_not_diff():
     test.share_trained_layers_with(train)
     assert numpy.shares_memory(test.params["a"][0].data, train.flat_data)
     assert not numpy.shares_memory(test.params["a"][0].diff, train.flat_diff)
+
+
+# --- duplicate layer names (Caffe allows them) ---------------------------------------------------
+def test_duplicate_layer_names_build_and_both_losses_count():
+    """Two loss layers may share a name (BVLC's autoencoder has two named "loss"); Caffe sums
+    both, and layer_names keeps both entries in order."""
+    net = build(DATA + linear("a", "x", "ya", n=3) + linear("b", "x", "yb", n=2) +
+                halfsq("loss", "ya").replace('top: "loss"', 'top: "l1"') +
+                halfsq("loss", "yb").replace('top: "loss"', 'top: "l2"'))
+    assert net.layer_names[-2:] == ["loss", "loss"]
+    x = x_data()
+    wa, ba = (p.data for p in net.params["a"])
+    wb, bb = (p.data for p in net.params["b"])
+    ya, yb = x @ wa.T + ba, x @ wb.T + bb
+    want = 0.5 * (ya ** 2).sum() + 0.5 * (yb ** 2).sum()
+    assert net.forward_loss() == pytest.approx(want, rel=1e-5)
+    assert set(net.output_blob_names) == {"t", "l1", "l2"}
+
+
+def test_duplicate_names_share_and_copy_to_the_first_layer_of_the_name(tmp_path):
+    """Caffe's ShareTrainedLayersWith / CopyTrainedLayersFrom search the target net for the
+    first layer of a source layer's name; a later same-named layer keeps its own params."""
+    text = DATA + linear("ip", "x", "y1") + linear("ip", "x", "y2")
+    src = build(DATA + linear("ip", "x", "y1"))
+    path = str(tmp_path / "one.caffemodel")
+    model_io.write_binary_model(src, path)
+    net = build(text)
+    first, second = [layer for layer in net.layers if layer.name == "ip"]
+    second_before = second.blobs[0].data.copy()
+    assert not numpy.array_equal(first.blobs[0].data, src.params["ip"][0].data)
+    net.copy_trained_layers_from(path)
+    numpy.testing.assert_array_equal(first.blobs[0].data, src.params["ip"][0].data)
+    numpy.testing.assert_array_equal(second.blobs[0].data, second_before)
+    test = build(text, phase="TEST")
+    test.share_trained_layers_with(src)
+    first, second = [layer for layer in test.layers if layer.name == "ip"]
+    assert numpy.shares_memory(first.blobs[0].data, src.flat_data)
+    assert not numpy.shares_memory(second.blobs[0].data, src.flat_data)
+
+
+def test_hdf5_model_refuses_two_same_named_layers_with_params(tmp_path):
+    net = build(DATA + linear("ip", "x", "y1") + linear("ip", "x", "y2"))
+    with pytest.raises(CaffeError, match="two layers named 'ip' hold params"):
+        net.to_hdf5(str(tmp_path / "m.h5"))
+    # param-less duplicates (the autoencoder's two "loss" layers) write fine
+    ok = build(DATA + linear("a", "x", "y") + halfsq("loss", "y").replace('top: "loss"', 'top: "l1"')
+               + halfsq("loss", "y").replace('top: "loss"', 'top: "l2"'))
+    ok.to_hdf5(str(tmp_path / "ok.h5"))
+    build(DATA + linear("a", "x", "y"), weights=str(tmp_path / "ok.h5"))
+
+
+def test_loss_layer_without_a_top_gets_an_anonymous_one():
+    """Caffe's AutoTopBlobs: a loss layer may omit its top (old nets do); the Net adds one,
+    weighted 1, that is neither a net output nor usable as a bottom."""
+    net = build(DATA + linear("a", "x", "y") +
+                'layer { name: "l" type: "NTHalfSq" bottom: "y" }\n')
+    assert net.top_names[-1] == ["(automatic)"] and net.layer_loss_weights[-1] == [1.0]
+    assert net.output_blob_names == ["t"]
+    w, b = (p.data.astype(float) for p in net.params["a"])
+    y = x_data() @ w.T + b
+    assert net.forward_loss() == pytest.approx(0.5 * (y ** 2).sum(), rel=1e-5)
+    net.clear_param_diffs()
+    net.backward()
+    want = y.T @ x_data()
+    numpy.testing.assert_allclose(net.params["a"][0].diff, want, rtol=1e-5,
+                                  atol=1e-5 * numpy.abs(want).max())
+    with pytest.raises(LayerError, match="unknown bottom blob"):
+        build(DATA + linear("a", "x", "y") + 'layer { name: "l" type: "NTHalfSq" bottom: "y" }\n'
+              + 'layer { name: "m" type: "NTDouble" bottom: "(automatic)" top: "z" }\n')
+
+
+def test_a_layer_that_is_not_a_loss_still_needs_its_tops():
+    with pytest.raises(LayerError, match=r"layer 'd'.*produces exactly 1 top blob\(s\), got 0"):
+        build(DATA + 'layer { name: "d" type: "NTDouble" bottom: "x" }\n')
