@@ -13,7 +13,10 @@ communication thread, on the same stream
 ``on_gradients_ready`` (before the update)
     waits for each layer's future; the compute stream then waits for the done events.
 
-On the CPU the same path runs without copies or streams: the wire buffer is the host buffer.
+On the CPU the same path runs without copies or streams: the wire buffer is the host buffer, and
+the statistic and the encode run on the communication side too, since a host encode on the
+compute thread would lengthen backward instead of overlapping it (on the GPU the compute
+thread only launches kernels).
 Synchronous mode (``async: false``) runs exactly the same steps for each layer, in the order the
 hooks came, on the compute thread after backward; every tensor's arithmetic is independent of
 when it runs, so both modes give bit-identical weights. Only one thread calls MPI at a time
@@ -240,12 +243,14 @@ class Exchange(SolverCallback):
 
             trip.tensor = Tensor(key, self.net.flat_data[sl], self.iteration, self.world.size,
                                  transport.stages, buffer)
-            with _on(stream):
-                t = time.perf_counter()
-                trip.stat = codec.local_stat(self.net.flat_diff[sl], trip.tensor)
-                trip.quantile = time.perf_counter() - t if trip.stat is not None else 0.0
-                if trip.stat is None:
-                    self._encode(trip, stream)
+            trip.stat, trip.quantile = None, 0.0
+            if self.gpu:
+                with _on(stream):
+                    t = time.perf_counter()
+                    trip.stat = codec.local_stat(self.net.flat_diff[sl], trip.tensor)
+                    trip.quantile = time.perf_counter() - t if trip.stat is not None else 0.0
+                    if trip.stat is None:
+                        self._encode(trip, stream)
             trips.append(trip)
         return Future(layer, trips)
 
@@ -280,7 +285,13 @@ class Exchange(SolverCallback):
                 self.watchdog.at(self.iteration,
                                  f"layer '{self.net.layers[future.layer].name}'")
             times["quantile"] += trip.quantile
-            if trip.stat is not None:
+            if trip.payload is None and trip.stat is None:    # the CPU: all on this side
+                t = time.perf_counter()
+                trip.stat = codec.local_stat(self.net.flat_diff[trip.sl], trip.tensor)
+                times["quantile"] += time.perf_counter() - t if trip.stat is not None else 0.0
+                if trip.stat is None:
+                    self._encode(trip, stream)
+            if trip.payload is None:
                 t = time.perf_counter()
                 codec.agree(trip.tensor, max_over(self.world.comm, trip.stat,
                                                   self.watchdog or BLOCKING))
