@@ -40,6 +40,10 @@ def test_async_and_sync_give_bit_identical_weights_for_every_codec(mpirun):
     assert all(f"{c}: async == sync" in out for c in CODECS) and "async == sync P=4: OK" in out
 
 
+def test_watchdog_warns_then_names_only_the_rank_that_stays_away(mpirun):
+    assert "watchdog: OK" in mpirun("prog_watchdog.py", 3)
+
+
 @pytest.mark.parametrize("codec", ["dettmers", "aps", "strom"])
 def test_gather_codecs_equal_rank_order_simulation_on_3_ranks(mpirun, codec):
     assert f"{codec} on 3 ranks: OK" in mpirun("prog_codec_means.py", 3, codec)
