@@ -182,3 +182,24 @@ def test_stalled_rank_is_named_and_the_job_ends(tmp_path):
     assert elapsed < 50
     assert "[rank 0] warning: waiting" in text, text[-3000:]
     assert "caffe8: error:" in text and "waiting for rank 1 does not answer" in text, text[-3000:]
+
+
+def test_bad_comm_block_fails_on_every_rank_with_its_location(tmp_path):
+    """processes_per_node 3 does not divide 2 processes: both ranks name the field, no hang."""
+    pytest.importorskip("mpi4py")
+    from engine.prototxt import parse_file, to_text
+    sp = parse_file(os.path.join(ROOT, "prototxt", "digits", "solver.prototxt"), "SolverParameter")
+    sp.net = os.path.join(ROOT, "prototxt", "digits", "train_val.prototxt")
+    sp.comm.processes_per_node = 3
+    text = to_text(sp)
+    line = next(i for i, l in enumerate(text.splitlines(), 1) if "processes_per_node" in l)
+    (tmp_path / "solver.prototxt").write_text(text)
+    env = dict(os.environ, PYTHONPATH=ROOT)
+    cmd = [os.path.join(os.path.dirname(sys.executable), "mpiexec"), "-n", "2", sys.executable,
+           "-m", "caffe8.cli", "train", "--solver", str(tmp_path / "solver.prototxt")]
+    r = subprocess.run(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                       stderr=subprocess.STDOUT, text=True, timeout=120)
+    errors = [l for l in r.stdout.splitlines() if l.startswith("caffe8: error:")]
+    assert r.returncode != 0 and len(errors) == 2, r.stdout[-3000:]
+    assert all(f"solver.prototxt:{line}:" in e and "'processes_per_node'" in e and
+               "does not divide the 2 process" in e for e in errors), errors
