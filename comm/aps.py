@@ -108,7 +108,7 @@ class APSCodec:
     ``values`` of every rank in rank order with :meth:`sum`.
     """
 
-    def __init__(self, fmt="E5M2", kahan=False, fp32_iters=0, fp32_layers=()):
+    def __init__(self, fmt, kahan=False, fp32_iters=0, fp32_layers=()):
         self.fmt = fmt if isinstance(fmt, FloatFormat) else get_format(fmt)
         self.kahan = bool(kahan)
         self.fp32_iters = int(fp32_iters)

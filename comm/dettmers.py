@@ -122,7 +122,7 @@ class DettmersCodec:
     scale and sums the decoded values in rank order.
     """
 
-    def __init__(self, kind="dynamic_tree"):
+    def __init__(self, kind):
         if kind not in KINDS:
             raise ValueError(f"Unrecognized Dettmers data type: {kind!r}; "
                              f"valid: {', '.join(KINDS)}")

@@ -29,15 +29,16 @@ def sample_quantile(abs_values, quantile, samples, rng):
 
 
 class QuantileTracker:
-    """Per-tensor q_l, refreshed every ``interval`` iterations.
+    """Per-tensor q_l, refreshed every ``interval`` iterations, from at most ``samples`` entries
+    (the exchange passes the comm block's quantile, quantile_interval and samples: the schema
+    holds their defaults).
 
     ``shared_seed`` True draws the same sample positions on every rank (generator seeded with
     ``seed``); False gives each rank its own positions (seeded with (seed, rank)), which samples
     more of the tensor across the job. Either way the MAX-allreduce makes the ranks agree.
     """
 
-    def __init__(self, quantile=0.95, interval=100, samples=1024, seed=0, rank=0,
-                 shared_seed=True):
+    def __init__(self, quantile, interval, samples, seed=0, rank=0, shared_seed=True):
         if not 0.0 < quantile <= 1.0:
             raise ValueError(f"comm.quantile: must be in (0, 1], got {quantile}")
         if interval < 1 or samples < 1:

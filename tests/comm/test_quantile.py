@@ -14,17 +14,19 @@ def test_sample_quantile_matches_numpy_and_is_seeded():
     idx = numpy.random.default_rng(4).integers(0, 5000, 1024)
     expected = numpy.quantile(numpy.abs(x)[idx].astype(numpy.float64), 0.95)
     assert sample_quantile(numpy.abs(x), 0.95, 1024, numpy.random.default_rng(4)) == expected
-    a, b = QuantileTracker(seed=3, rank=0), QuantileTracker(seed=3, rank=5)
+    a = QuantileTracker(0.95, 100, 1024, seed=3, rank=0)
+    b = QuantileTracker(0.95, 100, 1024, seed=3, rank=5)
     assert a.update("k", x, None) == b.update("k", x, None)      # shared seed: same positions
-    c = QuantileTracker(seed=3, rank=5, shared_seed=False)
+    c = QuantileTracker(0.95, 100, 1024, seed=3, rank=5, shared_seed=False)
     assert c.update("k", x, None) != a.values["k"]
-    assert QuantileTracker().update("z", numpy.zeros(10, numpy.float32), None) == 1.0
+    zeros = numpy.zeros(10, numpy.float32)
+    assert QuantileTracker(0.95, 100, 1024).update("z", zeros, None) == 1.0
     with pytest.raises(ValueError, match="comm.quantile"):
-        QuantileTracker(quantile=1.5)
+        QuantileTracker(1.5, 100, 1024)
 
 
 def test_estimate_ignores_non_finite_and_due_follows_the_interval():
-    t = QuantileTracker(interval=4)
+    t = QuantileTracker(0.95, 4, 1024)
     assert t.estimate("k", numpy.array([numpy.nan, 1.0], numpy.float32)) == 0.0
     assert t.due("k", 5)                                          # never estimated yet
     t.store("k", 2.0)
