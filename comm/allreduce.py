@@ -17,9 +17,11 @@ The gather transport hands every rank all P payloads in rank order (their length
 so codecs that reduce decoded values themselves get bit-identical sums on every rank whatever
 the MPI library's reduction order.
 
-Every collective here is nonblocking, completed by ``waiter.wait(requests)``: a
-``comm.watchdog.Watchdog`` in training (a stalled rank then ends the job with its name instead of
-a hang), ``BLOCKING`` (plain MPI_Waitall) otherwise.
+Every collective goes through :func:`collective` with a ``waiter``: a ``comm.watchdog.Watchdog``
+in training, which starts the nonblocking form and completes it with a deadline (a stalled rank
+then ends the job with its name instead of a hang), or ``BLOCKING``, which makes the plain
+blocking call (the benchmark's path, exactly MPICH's blocking algorithms). All ranks of a job use
+the same kind, as MPI requires (a blocking collective never matches a nonblocking one).
 
 Registry: ``create_transport(name, comm, processes_per_node=0, waiter=BLOCKING)``; names in
 ``TRANSPORTS``, each with ``reduction`` "sum" or "gather".
@@ -36,7 +38,7 @@ register_transport = registrar(TRANSPORTS, "transport", "name")
 
 
 class _Blocking:
-    """The waiter outside training: MPI_Waitall, no deadline."""
+    """The waiter outside training: blocking calls, no deadline."""
 
     def wait(self, requests):
         from comm.mpi import mpi_module
@@ -44,6 +46,15 @@ class _Blocking:
 
 
 BLOCKING = _Blocking()
+
+
+def collective(waiter, name, comm, *args):
+    """``comm.<name>(*args)`` with ``BLOCKING``; else ``comm.I<name>(*args)`` completed by
+    ``waiter`` (e.g. ``collective(w, "Allgather", comm, send, recv)``)."""
+    if waiter is BLOCKING:
+        getattr(comm, name)(*args)
+    else:
+        waiter.wait(getattr(comm, "I" + name.lower())(*args))
 
 
 def create_transport(name, comm, processes_per_node=0, waiter=BLOCKING):
@@ -62,7 +73,7 @@ def max_over(comm, value, waiter=BLOCKING):
         return value
     from comm.mpi import mpi_module
     buf = numpy.array([value], numpy.float64)
-    waiter.wait(comm.Iallreduce(mpi_module().IN_PLACE, buf, mpi_module().MAX))
+    collective(waiter, "Allreduce", comm, mpi_module().IN_PLACE, buf, mpi_module().MAX)
     return float(buf[0])
 
 
@@ -107,8 +118,8 @@ def reduce_scatter_ordered(comm, buf, wire, scratch, waiter=BLOCKING):
     sdispls = [j * items for j in range(n)]
     rdispls = [(j - (j > r)) * items for j in range(n)]   # peer j -> row j (j < r) or j-1
     rdispls[r] = 0
-    waiter.wait(comm.Ialltoallv([buf, (counts, sdispls), wire.datatype],
-                                [recv, (counts, rdispls), wire.datatype]))
+    collective(waiter, "Alltoallv", comm, [buf, (counts, sdispls), wire.datatype],
+               [recv, (counts, rdispls), wire.datatype])
     own = blocks[r]
     acc = recv[0] if r != 0 else own
     for j in range(1, n):
@@ -127,7 +138,7 @@ def allgather_in_place(comm, buf, wire, waiter=BLOCKING):
     if n == 1:
         return
     items = wire.items(buf.size) // n
-    waiter.wait(comm.Iallgather(_in_place(), [buf, items, wire.datatype]))
+    collective(waiter, "Allgather", comm, _in_place(), [buf, items, wire.datatype])
 
 
 class Allreduce:
@@ -165,7 +176,8 @@ class FlatAllreduce(Allreduce):
 
     def sum(self, buf, wire, between=None):
         if self.size > 1:
-            self.waiter.wait(self.comm.Iallreduce(_in_place(), wire.spec(buf), wire.op))
+            collective(self.waiter, "Allreduce", self.comm, _in_place(), wire.spec(buf),
+                       wire.op)
         return buf
 
 
@@ -254,14 +266,19 @@ class RingAllreduce(Allreduce):
         recv = self._scratch.get(chunks.shape[1], wire.dtype)
         for s in range(p - 1):
             send_c, recv_c = (r - s) % p, (r - s - 1) % p
-            self.waiter.wait([self.comm.Isend(wire.spec(chunks[send_c]), right, 17),
-                              self.comm.Irecv(wire.spec(recv), left, 17)])
+            self._sendrecv(chunks[send_c], recv, right, left, 17, wire)
             wire.local_sum(recv, chunks[recv_c])
         for s in range(p - 1):
             send_c, recv_c = (r + 1 - s) % p, (r - s) % p
-            self.waiter.wait([self.comm.Isend(wire.spec(chunks[send_c]), right, 18),
-                              self.comm.Irecv(wire.spec(chunks[recv_c]), left, 18)])
+            self._sendrecv(chunks[send_c], chunks[recv_c], right, left, 18, wire)
         return buf
+
+    def _sendrecv(self, send, recv, dest, source, tag, wire):
+        if self.waiter is BLOCKING:
+            self.comm.Sendrecv(wire.spec(send), dest, tag, wire.spec(recv), source, tag)
+        else:
+            self.waiter.wait([self.comm.Isend(wire.spec(send), dest, tag),
+                              self.comm.Irecv(wire.spec(recv), source, tag)])
 
 
 @register_transport("gather")
@@ -283,14 +300,14 @@ class Gather:
             return [payload]
         if varying:
             counts = numpy.empty(self.size, numpy.int64)
-            self.waiter.wait(self.comm.Iallgather(numpy.array([payload.size], numpy.int64),
-                                                  counts))
+            collective(self.waiter, "Allgather", self.comm,
+                       numpy.array([payload.size], numpy.int64), counts)
         else:
             counts = numpy.full(self.size, payload.size, numpy.int64)
         displs = numpy.concatenate(([0], numpy.cumsum(counts)[:-1]))
         data = numpy.empty(int(counts.sum()), payload.dtype)
-        self.waiter.wait(self.comm.Iallgatherv(payload, [data, (counts.tolist(),
-                                                                displs.tolist())]))
+        collective(self.waiter, "Allgatherv", self.comm, payload,
+                   [data, (counts.tolist(), displs.tolist())])
         return [data[d:d + c] for d, c in zip(displs, counts)]
 
     def free(self):
