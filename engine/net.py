@@ -18,7 +18,7 @@ from collections import OrderedDict
 
 import numpy
 
-from engine import backend, net_hdf5
+from engine import backend, model_io, net_hdf5
 from engine.blob import Blob
 from engine.errors import CaffeError, LayerError
 from engine.layer import create_layer
@@ -304,8 +304,14 @@ class Net:
         order, for every layer (also those that skip backward, as Caffe's after_backward)."""
         self._backward_hooks.append(fn)
 
-    def forward_loss(self):
-        """Run every layer's reshape + forward; return the weighted loss (a Python float)."""
+    def forward_loss(self, as_float=True):
+        """Run every layer's reshape + forward; return the weighted loss: a Python float, or with
+        ``as_float=False`` the float64 0-d array on the layers' device (0.0 without weighted tops).
+
+        The sum stays on the device while the layers run (a ``float()`` per loss layer would stall
+        the GPU queue once per layer); only a caller that needs the number reads it back, once:
+        ``self.loss`` converts on first access and keeps the float.
+        """
         loss = 0.0
         for i, layer in enumerate(self.layers):
             bottom, top = self.bottom_vecs[i], self.top_vecs[i]
@@ -313,11 +319,18 @@ class Net:
             layer.forward(bottom, top)
             for blob, w in zip(top, self.layer_loss_weights[i]):
                 if w:
-                    loss += w * float(blob.data.sum(dtype=numpy.float64))
+                    loss = loss + w * blob.data.sum(dtype=numpy.float64)
             for fn in self._forward_hooks:
                 fn(i, layer)
-        self.loss = loss
-        return loss
+        self._loss = loss
+        return self.loss if as_float else loss
+
+    @property
+    def loss(self):
+        """The last forward's weighted loss as a Python float (one device read, then cached)."""
+        if type(self._loss) is not float:
+            self._loss = float(self._loss)
+        return self._loss
 
     @staticmethod
     def _reshape(layer, bottom, top):
@@ -347,9 +360,9 @@ class Net:
             for fn in self._backward_hooks:
                 fn(i, layer)
 
-    def forward_backward(self):
-        """Forward then backward; returns the loss."""
-        loss = self.forward_loss()
+    def forward_backward(self, as_float=True):
+        """Forward then backward; returns the loss (as ``forward_loss(as_float)``)."""
+        loss = self.forward_loss(as_float)
         self.backward()
         return loss
 
@@ -378,9 +391,14 @@ class Net:
         return self.param_owners[self.param_layer_indices.index((i, k))] is None
 
     def copy_trained_layers_from(self, path):
-        """Load a Caffe-layout HDF5 model (``/data/<layer>/<i>``) by layer name."""
-        net_hdf5.copy_trained_layers(self, path)
+        """Load trained params by layer name from a binary ``.caffemodel`` or an HDF5 ``.h5``
+        model (``engine.model_io.load_weights``)."""
+        model_io.load_weights(self, path)
 
     def to_hdf5(self, path, write_diff=False):
         """Write Caffe's HDF5 model layout (``engine.net_hdf5``)."""
         net_hdf5.write_model(self, path, write_diff)
+
+    def to_proto(self, write_diff=False):
+        """Caffe's ``Net::ToProto``: a caffe_pb2.NetParameter with every layer's blobs."""
+        return model_io.net_to_proto(self, write_diff)

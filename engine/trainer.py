@@ -10,12 +10,12 @@ import os
 import time
 
 
-from engine import backend
+from engine import backend, model_io
 from engine.errors import CaffeError, SolverError
 from engine.glog import fmt
 from engine.net import Net
 from engine.prototxt import parse_file
-from engine.snapshot import atomic_write, load_solverstate, save_solverstate
+from engine.snapshot import load_solverstate, snapshot_names
 from engine.solver import create_solver
 from engine.tester import average_outputs, output_values
 from engine.world import SingleProcessWorld
@@ -325,20 +325,20 @@ class Trainer:
         return os.path.splitext(self.solver_path)[0]
 
     def snapshot(self):
-        """Rank 0 writes model and solver state (HDF5, atomically). Collective: all ranks call it."""
+        """Rank 0 writes model and solver state atomically, in ``snapshot_format`` (Caffe's
+        default: binary proto). Collective: all ranks call it."""
         self.last_snapshot_iter = self.iter
         extra = self._extra_state()
-        base = f"{self.snapshot_prefix()}_iter_{self.iter}"
-        model, state = base + ".caffemodel.h5", base + ".solverstate.h5"
+        p = self.param
+        model, state = snapshot_names(self.snapshot_prefix(), self.iter, p.snapshot_format)
         failure = None
         if self.world.rank == 0:
             try:
-                self.log(f"Snapshotting to HDF5 file {model}")
-                atomic_write(model, lambda tmp: self.net.to_hdf5(tmp, write_diff=self.param.snapshot_diff))
-                self.log(f"Snapshotting solver state to HDF5 file {state}")
-                save_solverstate(state, self.solver.state(), model, extra=extra)
+                model, state = model_io.write_snapshot(
+                    self.net, self.solver.state(), self.snapshot_prefix(), self.iter,
+                    p.snapshot_format, p.snapshot_diff, extra=extra, log=self.log)
             except (OSError, CaffeError) as e:
-                failure = f"snapshot {base}: {e}"
+                failure = f"snapshot {model}: {e}"
         # Every rank waits until rank 0 has written (or failed): nobody aborts the job while
         # the files are half written, and a failure is reported on every rank.
         failure = self.world.bcast(failure, root=0)
@@ -367,8 +367,6 @@ class Trainer:
 
     def restore(self, path):
         """Resume from a solverstate (its learned_net is loaded too), Caffe's Solver::Restore."""
-        if not str(path).endswith(".h5"):
-            raise CaffeError(f"{path}: only HDF5 solver states (.solverstate.h5) are supported")
         state, extra = load_solverstate(path)
         model = state["learned_net"]
         if model and not os.path.exists(model):

@@ -9,6 +9,7 @@ import numpy
 
 from engine import backend
 from engine.layer import Layer, register_layer
+from layers import cudnn_conv
 from layers.im2col import col2im, conv_out_size, im2col
 
 #: upper bound on im2col buffer elements per chunk (256 MiB of float32)
@@ -133,6 +134,8 @@ class ConvolutionLayer(Layer):
 
     # --- forward / backward ------------------------------------------------------------------------
     def forward(self, bottom, top):
+        if cudnn_conv.wants(self, bottom[0].data):  # engine CUDNN/DEFAULT on CuPy arrays
+            return cudnn_conv.forward(self, bottom, top)
         w = self._grouped_weight()
         for b, t in zip(bottom, top):
             x, y = b.data, t.data
@@ -145,6 +148,8 @@ class ConvolutionLayer(Layer):
                 y3 += self.blobs[1].data.reshape(1, -1, 1)
 
     def backward(self, top, propagate_down, bottom):
+        if cudnn_conv.wants(self, top[0].diff):
+            return cudnn_conv.backward(self, top, propagate_down, bottom)
         want_w = self.param_propagate_down[0]
         want_b = len(self.blobs) > 1 and self.param_propagate_down[1]
         for i, (t, b) in enumerate(zip(top, bottom)):

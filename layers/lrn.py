@@ -14,6 +14,7 @@ same window sum serves forward and backward.
 """
 from engine import backend
 from engine.layer import Layer, register_layer
+from layers import cudnn_lrn
 
 
 def _box_sum(a, size, axes, xp):
@@ -62,6 +63,8 @@ class LRNLayer(Layer):
         top[0].reshape(bottom[0].shape)
 
     def forward(self, bottom, top):
+        if cudnn_lrn.wants(self, bottom[0].data):  # ACROSS_CHANNELS, engine CUDNN/DEFAULT
+            return cudnn_lrn.forward(self, bottom, top)
         x = bottom[0].data
         xp = backend.get_array_module(x)
         self.scale = self.k + self.alpha_over_n * _box_sum(x * x, self.size, self.axes, xp)
@@ -70,6 +73,8 @@ class LRNLayer(Layer):
     def backward(self, top, propagate_down, bottom):
         if not propagate_down[0]:
             return
+        if cudnn_lrn.wants(self, bottom[0].data):
+            return cudnn_lrn.backward(self, top, propagate_down, bottom)
         x, y, dy = bottom[0].data, top[0].data, top[0].diff
         xp = backend.get_array_module(x)
         window = _box_sum(dy * y / self.scale, self.size, self.axes, xp)

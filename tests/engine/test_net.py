@@ -77,6 +77,42 @@ def test_loss_weight_on_a_non_loss_top_closed_form():
     numpy.testing.assert_allclose(net.params["a"][1].diff, g.sum(0), rtol=1e-12)
 
 
+def test_loss_stays_an_array_until_read_and_net_loss_is_a_float():
+    """Two weighted tops: forward_loss(as_float=False) hands back the un-read float64 array (on a
+    GPU, a device scalar), and the float view of the same sum is what Net.loss and the default
+    return give."""
+    net = build(DATA + linear("a", "x", "y", extra="loss_weight: 0.5") + halfsq("l", "y"),
+                dtype=numpy.float64)
+    w, b = net.params["a"][0].data.copy(), net.params["a"][1].data.copy()
+    y = x_data() @ w.T + b
+    want = 0.5 * y.sum() + 0.5 * (y ** 2).sum()
+    lazy = net.forward_loss(as_float=False)
+    assert isinstance(lazy, numpy.ndarray) or isinstance(lazy, numpy.generic)
+    assert numpy.asarray(lazy).dtype == numpy.float64
+    assert type(net.loss) is float and net.loss == pytest.approx(want, rel=1e-12)
+    assert float(lazy) == net.loss
+    eager = net.forward_loss()
+    assert type(eager) is float and eager == net.loss
+    assert type(net.forward_backward(as_float=False)) is not float
+
+
+@pytest.mark.gpu
+def test_loss_stays_on_the_device_until_read():
+    from engine import backend
+    text = DATA + linear("a", "x", "y", extra="loss_weight: 0.5") + halfsq("l", "y")
+    host = build(text, dtype=numpy.float64)
+    want = host.forward_loss()
+    backend.use_gpu()
+    try:
+        net = build(text, dtype=numpy.float64)
+        net.flat_data[...] = backend.to_device(host.flat_data, like=net.flat_data)
+        lazy = net.forward_loss(as_float=False)
+        assert isinstance(lazy, backend.cupy.ndarray) and lazy.shape == ()
+        assert type(net.loss) is float and net.loss == pytest.approx(want, rel=1e-12)
+    finally:
+        backend.use_cpu()
+
+
 def test_param_diffs_accumulate_over_backward_calls():
     net = build(DATA + linear("a", "x", "y") + halfsq("l", "y"), dtype=numpy.float64)
     net.forward_backward()
