@@ -1,6 +1,8 @@
-"""Allreduce algorithms over a wire buffer: flat, rsag, hierarchical, ring (SPEC §3.4).
+"""Transports: how the ranks reduce one tensor's payload. Sums (flat, rsag, hierarchical, ring)
+and a gather (the codecs that reduce on every rank themselves). The rule that picks one per codec
+is ``comm.config.transport_name``.
 
-Every algorithm sums a 1-D numpy wire buffer in place across the processes of its communicator
+Every sum transport sums a 1-D numpy wire buffer in place across the processes of its communicator
 with a :class:`comm.ops.WireOp`. The buffer length must be a multiple of ``wire.unit * P``
 (``comm.ops.padded_length``). Every rank ends with bit-identical results: in the explicit
 schedules each element is summed on exactly one rank, in ascending rank order, and then copied
@@ -11,25 +13,68 @@ callback, which the hierarchical sum runs on each intra-node partial sum before 
 sum: the fp8 codec divides by the number of nodes there (SPEC §3.3). Single-stage algorithms
 report ``(P, 1)`` and never call it.
 
-Registry: ``create_allreduce(name, comm, processes_per_node=0)``; names in ``ALGORITHMS``.
+The gather transport hands every rank all P payloads in rank order (their lengths may differ),
+so codecs that reduce decoded values themselves get bit-identical sums on every rank whatever
+the MPI library's reduction order.
+
+Every collective goes through :func:`collective` with a ``waiter``: a ``comm.watchdog.Watchdog``
+in training, which starts the nonblocking form and completes it with a deadline (a stalled rank
+then ends the job with its name instead of a hang), or ``BLOCKING``, which makes the plain
+blocking call (the benchmark's path, exactly MPICH's blocking algorithms). All ranks of a job use
+the same kind, as MPI requires (a blocking collective never matches a nonblocking one).
+
+Registry: ``create_transport(name, comm, processes_per_node=0, waiter=BLOCKING)``; names in
+``TRANSPORTS``, each with ``reduction`` "sum" or "gather".
 """
 import numpy
 
 from comm.mpi import node_comms
 from engine.registry import registrar
 
-ALGORITHMS = {}
+TRANSPORTS = {}
 
 
-register_allreduce = registrar(ALGORITHMS, "allreduce algorithm", "name")
+register_transport = registrar(TRANSPORTS, "transport", "name")
 
 
-def create_allreduce(name, comm, processes_per_node=0):
-    """Instantiate the algorithm ``name`` on ``comm`` (an mpi4py intracommunicator)."""
-    if name not in ALGORITHMS:
-        raise ValueError(f"Unrecognized allreduce algorithm: {name!r}, valid: "
-                         + ", ".join(sorted(ALGORITHMS)))
-    return ALGORITHMS[name](comm, processes_per_node)
+class _Blocking:
+    """The waiter outside training: blocking calls, no deadline."""
+
+    def wait(self, requests):
+        from comm.mpi import mpi_module
+        mpi_module().Request.Waitall(requests if isinstance(requests, list) else [requests])
+
+
+BLOCKING = _Blocking()
+
+
+def collective(waiter, name, comm, *args):
+    """``comm.<name>(*args)`` with ``BLOCKING``; else ``comm.I<name>(*args)`` completed by
+    ``waiter`` (e.g. ``collective(w, "Allgather", comm, send, recv)``)."""
+    if waiter is BLOCKING:
+        getattr(comm, name)(*args)
+    else:
+        waiter.wait(getattr(comm, "I" + name.lower())(*args))
+
+
+def create_transport(name, comm, processes_per_node=0, waiter=BLOCKING):
+    """Instantiate the transport ``name`` on ``comm`` (an mpi4py intracommunicator)."""
+    if name not in TRANSPORTS:
+        raise ValueError(f"Unrecognized transport: {name!r}, valid: "
+                         + ", ".join(sorted(TRANSPORTS)))
+    return TRANSPORTS[name](comm, processes_per_node, waiter)
+
+
+def max_over(comm, value, waiter=BLOCKING):
+    """The maximum of the float ``value`` over ``comm`` (identical on every rank; ``value`` when
+    ``comm`` is None or of one process)."""
+    value = float(value)
+    if comm is None or comm.Get_size() == 1:
+        return value
+    from comm.mpi import mpi_module
+    buf = numpy.array([value], numpy.float64)
+    collective(waiter, "Allreduce", comm, mpi_module().IN_PLACE, buf, mpi_module().MAX)
+    return float(buf[0])
 
 
 class _Scratch:
@@ -50,7 +95,7 @@ def _in_place():
     return mpi_module().IN_PLACE
 
 
-def reduce_scatter_ordered(comm, buf, wire, scratch):
+def reduce_scatter_ordered(comm, buf, wire, scratch, waiter=BLOCKING):
     """Reduce-scatter in place: block ``rank`` of ``buf`` becomes the sum of every rank's block.
 
     ``buf`` is split into n equal blocks. One Alltoallv (no self block: nothing is copied
@@ -73,8 +118,8 @@ def reduce_scatter_ordered(comm, buf, wire, scratch):
     sdispls = [j * items for j in range(n)]
     rdispls = [(j - (j > r)) * items for j in range(n)]   # peer j -> row j (j < r) or j-1
     rdispls[r] = 0
-    comm.Alltoallv([buf, (counts, sdispls), wire.datatype],
-                   [recv, (counts, rdispls), wire.datatype])
+    collective(waiter, "Alltoallv", comm, [buf, (counts, sdispls), wire.datatype],
+               [recv, (counts, rdispls), wire.datatype])
     own = blocks[r]
     acc = recv[0] if r != 0 else own
     for j in range(1, n):
@@ -87,24 +132,25 @@ def reduce_scatter_ordered(comm, buf, wire, scratch):
     return own
 
 
-def allgather_in_place(comm, buf, wire):
+def allgather_in_place(comm, buf, wire, waiter=BLOCKING):
     """Every rank's block ``rank`` of ``buf`` copied to all ranks (MPI_IN_PLACE allgather)."""
     n = comm.Get_size()
     if n == 1:
         return
     items = wire.items(buf.size) // n
-    comm.Allgather(_in_place(), [buf, items, wire.datatype])
+    collective(waiter, "Allgather", comm, _in_place(), [buf, items, wire.datatype])
 
 
 class Allreduce:
-    """Base of the algorithms; each defines ``sum(buf, wire, between=None)`` (in place, returns
-    ``buf``)."""
+    """Base of the sum transports; each defines ``sum(buf, wire, between=None)`` (in place,
+    returns ``buf``)."""
     name = None
+    reduction = "sum"
 
-    def __init__(self, comm, processes_per_node=0):
-        self.comm = comm
-        self.size = comm.Get_size()
-        self.rank = comm.Get_rank()
+    def __init__(self, comm, processes_per_node=0, waiter=BLOCKING):
+        self.comm, self.waiter = comm, waiter
+        self.size = comm.Get_size() if comm is not None else 1      # None: one process
+        self.rank = comm.Get_rank() if comm is not None else 0
 
     @property
     def stages(self):
@@ -120,7 +166,7 @@ class Allreduce:
         """Release any communicators the algorithm created."""
 
 
-@register_allreduce("flat")
+@register_transport("flat")
 class FlatAllreduce(Allreduce):
     """One MPI_Allreduce with the wire op (MPICH chooses the schedule; the seed's ablation).
 
@@ -130,28 +176,31 @@ class FlatAllreduce(Allreduce):
 
     def sum(self, buf, wire, between=None):
         if self.size > 1:
-            self.comm.Allreduce(_in_place(), wire.spec(buf), wire.op)
+            collective(self.waiter, "Allreduce", self.comm, _in_place(), wire.spec(buf),
+                       wire.op)
         return buf
 
 
-@register_allreduce("rsag")
+@register_transport("rsag")
 class ReduceScatterAllgather(Allreduce):
     """Explicit reduce-scatter (Alltoallv + ordered local sum) then Allgather over all P ranks.
 
     Each rank adds only 1/P of the vector, P-1 times, instead of the whole vector log2(P) times.
     """
 
-    def __init__(self, comm, processes_per_node=0):
-        super().__init__(comm, processes_per_node)
+    def __init__(self, comm, processes_per_node=0, waiter=BLOCKING):
+        super().__init__(comm, processes_per_node, waiter)
         self._scratch = _Scratch()
 
     def sum(self, buf, wire, between=None):
-        reduce_scatter_ordered(self.comm, buf, wire, self._scratch)
-        allgather_in_place(self.comm, buf, wire)
+        if self.size == 1:
+            return buf
+        reduce_scatter_ordered(self.comm, buf, wire, self._scratch, self.waiter)
+        allgather_in_place(self.comm, buf, wire, self.waiter)
         return buf
 
 
-@register_allreduce("hierarchical")
+@register_transport("hierarchical")
 class HierarchicalAllreduce(Allreduce):
     """SPEC §3.4 / the seed's Algorithm 1, lines 16-23.
 
@@ -163,11 +212,13 @@ class HierarchicalAllreduce(Allreduce):
     4. intra-node allgather.
     """
 
-    def __init__(self, comm, processes_per_node=0):
-        super().__init__(comm, processes_per_node)
-        self.intra, self.inter = node_comms(comm, processes_per_node)
-        self.local_size = self.intra.Get_size()
-        self.nodes = self.inter.Get_size()
+    def __init__(self, comm, processes_per_node=0, waiter=BLOCKING):
+        super().__init__(comm, processes_per_node, waiter)
+        self.intra = self.inter = None
+        self.local_size, self.nodes = 1, 1
+        if comm is not None:
+            self.intra, self.inter = node_comms(comm, processes_per_node)
+            self.local_size, self.nodes = self.intra.Get_size(), self.inter.Get_size()
         self._scratch = _Scratch()
 
     @property
@@ -175,21 +226,25 @@ class HierarchicalAllreduce(Allreduce):
         return (self.local_size, self.nodes)
 
     def sum(self, buf, wire, between=None):
-        piece = reduce_scatter_ordered(self.intra, buf, wire, self._scratch)
+        if self.size == 1:
+            return buf
+        w = self.waiter
+        piece = reduce_scatter_ordered(self.intra, buf, wire, self._scratch, w)
         if self.nodes > 1:
             if between is not None:
                 between(piece)
-            reduce_scatter_ordered(self.inter, piece, wire, self._scratch)
-            allgather_in_place(self.inter, piece, wire)
-        allgather_in_place(self.intra, buf, wire)
+            reduce_scatter_ordered(self.inter, piece, wire, self._scratch, w)
+            allgather_in_place(self.inter, piece, wire, w)
+        allgather_in_place(self.intra, buf, wire, w)
         return buf
 
     def free(self):
         for c in (self.intra, self.inter):
-            c.Free()
+            if c is not None:
+                c.Free()
 
 
-@register_allreduce("ring")
+@register_transport("ring")
 class RingAllreduce(Allreduce):
     """Seed 002's ring: P-1 scatter-reduce steps then P-1 allgather steps over Sendrecv.
 
@@ -198,8 +253,8 @@ class RingAllreduce(Allreduce):
     from where the allgather ring copies it to everyone. Works for any wire op.
     """
 
-    def __init__(self, comm, processes_per_node=0):
-        super().__init__(comm, processes_per_node)
+    def __init__(self, comm, processes_per_node=0, waiter=BLOCKING):
+        super().__init__(comm, processes_per_node, waiter)
         self._scratch = _Scratch()
 
     def sum(self, buf, wire, between=None):
@@ -211,11 +266,49 @@ class RingAllreduce(Allreduce):
         recv = self._scratch.get(chunks.shape[1], wire.dtype)
         for s in range(p - 1):
             send_c, recv_c = (r - s) % p, (r - s - 1) % p
-            self.comm.Sendrecv(wire.spec(chunks[send_c]), right, 17,
-                               wire.spec(recv), left, 17)
+            self._sendrecv(chunks[send_c], recv, right, left, 17, wire)
             wire.local_sum(recv, chunks[recv_c])
         for s in range(p - 1):
             send_c, recv_c = (r + 1 - s) % p, (r - s) % p
-            self.comm.Sendrecv(wire.spec(chunks[send_c]), right, 18,
-                               wire.spec(chunks[recv_c]), left, 18)
+            self._sendrecv(chunks[send_c], chunks[recv_c], right, left, 18, wire)
         return buf
+
+    def _sendrecv(self, send, recv, dest, source, tag, wire):
+        if self.waiter is BLOCKING:
+            self.comm.Sendrecv(wire.spec(send), dest, tag, wire.spec(recv), source, tag)
+        else:
+            self.waiter.wait([self.comm.Isend(wire.spec(send), dest, tag),
+                              self.comm.Irecv(wire.spec(recv), source, tag)])
+
+
+@register_transport("gather")
+class Gather:
+    """Every rank's 1-D payload to every rank: ``gather(payload, varying)`` → list of P arrays in
+    rank order (``varying``: lengths may differ, one more collective for the counts)."""
+    name = "gather"
+    reduction = "gather"
+    stages = (1, 1)
+    parts = 1
+
+    def __init__(self, comm, processes_per_node=0, waiter=BLOCKING):
+        self.comm, self.waiter = comm, waiter
+        self.size = 1 if comm is None else comm.Get_size()
+
+    def gather(self, payload, varying=False):
+        payload = numpy.ascontiguousarray(payload).ravel()
+        if self.size == 1:
+            return [payload]
+        if varying:
+            counts = numpy.empty(self.size, numpy.int64)
+            collective(self.waiter, "Allgather", self.comm,
+                       numpy.array([payload.size], numpy.int64), counts)
+        else:
+            counts = numpy.full(self.size, payload.size, numpy.int64)
+        displs = numpy.concatenate(([0], numpy.cumsum(counts)[:-1]))
+        data = numpy.empty(int(counts.sum()), payload.dtype)
+        collective(self.waiter, "Allgatherv", self.comm, payload,
+                   [data, (counts.tolist(), displs.tolist())])
+        return [data[d:d + c] for d, c in zip(displs, counts)]
+
+    def free(self):
+        pass

@@ -29,7 +29,6 @@ import numpy
 
 from engine import backend
 from comm.formats import FloatFormat, get_format
-from comm.rank_gather import allgather_equal, allreduce_max_int, world_size
 
 NO_EXPONENT = -(1 << 40)     # "no finite nonzero element": loses every MAX, means k = 0
 
@@ -105,10 +104,11 @@ class APSCodec:
     ctx = (k or None, dtype, shape));
     ``exponent`` is the MAX-allreduced E (default: the tensor's own), ``processes`` the P the
     scale must allow for. ``decompress(payload, ctx)`` → the float values g * 2**k / 2**k (not yet
-    divided by P). ``allreduce_mean(comm, array, iteration=0, name=None)`` → mean over ranks.
+    divided by P). The exchange's codec (comm/codecs.py) agrees on E and sums the gathered
+    ``values`` of every rank in rank order with :meth:`sum`.
     """
 
-    def __init__(self, fmt="E5M2", kahan=False, fp32_iters=0, fp32_layers=()):
+    def __init__(self, fmt, kahan=False, fp32_iters=0, fp32_layers=()):
         self.fmt = fmt if isinstance(fmt, FloatFormat) else get_format(fmt)
         self.kahan = bool(kahan)
         self.fp32_iters = int(fp32_iters)
@@ -132,31 +132,21 @@ class APSCodec:
 
     def decompress(self, payload, ctx):
         k, dtype, shape = ctx
-        values = self._values(payload, k, int(numpy.prod(shape)))
-        return self._unscale(values, k).reshape(shape).astype(dtype, copy=False)
+        values = self.values(payload, k, int(numpy.prod(shape)))
+        return self.unscale(values, k).reshape(shape).astype(dtype, copy=False)
 
-    def _values(self, payload, k, n):
+    def values(self, payload, k, n):
         """float32 values on the wire scale (codes decoded, or the float32 payload itself)."""
         if k is None:
             return payload
         codes = unpack_nibbles(payload, n) if self.fmt.bits <= 4 else payload
         return self.fmt.decode(codes)
 
-    def _unscale(self, values, k):
+    def unscale(self, values, k):
+        """values * 2**-k (exact: a power of two), or ``values`` under hybrid precision."""
         xp = backend.get_array_module(values)
         return values if k is None else xp.ldexp(values, -k)
 
-    def allreduce_mean(self, comm, array, iteration=0, name=None):
-        """Mean over the ranks of ``comm`` (None: one process), bit-identical on every rank."""
-        xp = backend.get_array_module(array)
-        procs = world_size(comm)
-        exponent = None
-        if not self.full_precision(iteration, name):
-            exponent = allreduce_max_int(comm, local_exponent(array))
-        payload, (k, dtype, _) = self.compress(array, exponent, procs, iteration=iteration,
-                                               name=name)
-        rows = allgather_equal(comm, backend.to_numpy(payload))
-        values = [self._values(xp.asarray(r), k, array.size) for r in rows]   # rank order
-        total = (kahan_sum if self.kahan else plain_sum)(values, xp)
-        mean = self._unscale(total, k) / numpy.float32(procs)
-        return mean.reshape(array.shape).astype(dtype, copy=False)
+    def sum(self, rows, xp):
+        """The float32 sum of ``rows`` in their order, Kahan-compensated when configured."""
+        return (kahan_sum if self.kahan else plain_sum)(rows, xp)

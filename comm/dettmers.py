@@ -40,7 +40,6 @@ value equal to a pivot can come back as its neighbour: equality sends the search
 import numpy
 
 from engine import backend
-from comm.rank_gather import allgather_equal, world_size
 
 KINDS = ("linear", "mantissa", "static_tree", "dynamic_tree")
 
@@ -171,11 +170,11 @@ class DettmersCodec:
 
     ``compress(tensor) -> (codes, ctx)``: codes uint8 of tensor's shape, on tensor's device;
     ctx = (float32 scale, dtype). ``decompress(codes, ctx)`` → codebook value * scale, float32
-    (cast to ctx's dtype). ``allreduce_mean(comm, array)`` → mean over ranks, bit-identical on
-    every rank (see comm/rank_gather.py for the fixed-order reduction).
+    (cast to ctx's dtype). The exchange's codec (comm/codecs.py) gathers every rank's codes and
+    scale and sums the decoded values in rank order.
     """
 
-    def __init__(self, kind="dynamic_tree"):
+    def __init__(self, kind):
         if kind not in KINDS:
             raise ValueError(f"Unrecognized Dettmers data type: {kind!r}; "
                              f"valid: {', '.join(KINDS)}")
@@ -192,15 +191,3 @@ class DettmersCodec:
     def decompress(self, codes, ctx):
         scale, dtype = ctx
         return (self.table.decode(codes) * scale).astype(dtype, copy=False)
-
-    def allreduce_mean(self, comm, array):
-        """Mean of ``array`` over the ranks of ``comm`` (None: one process); same shape/device."""
-        xp = backend.get_array_module(array)
-        codes, (scale, dtype) = self.compress(array)
-        all_codes = allgather_equal(comm, backend.to_numpy(codes))
-        scales = allgather_equal(comm, numpy.array([scale], numpy.float32))[:, 0]
-        total = xp.zeros(array.shape, xp.float32)
-        for r in range(world_size(comm)):        # rank order: same sum on every rank
-            part = xp.asarray(all_codes[r]).reshape(array.shape)
-            total += self.table.decode(part) * scales[r]
-        return (total / numpy.float32(world_size(comm))).astype(dtype, copy=False)

@@ -1,146 +1,384 @@
-"""Synchronous per-tensor gradient exchange over a Net's flat buffers (SPEC §3.2-3.6).
+"""The gradient exchange: a solver callback whose per-layer hook returns a future.
 
-:class:`GradientExchange` takes the net's contiguous ``flat_diff`` / ``flat_data`` and its
-``layer_param_slices`` (docs/ARCHITECTURE.md) and, one parameter tensor at a time (weights and
-biases separately), replaces the local gradient by the MEAN gradient over all processes, in
-place. ``exchange_layer(i)`` is what the backward hook calls; ``exchange_all()`` does the whole
-net (layers in backward order) and ends the iteration. The asynchronous communication thread
-(SPEC §3.6) is built on top of this by a colleague: everything here runs on whichever single
-thread calls it, which is what MPI_THREAD_SERIALIZED allows.
+As PyTorch DDP's communication hooks. Right after a layer's backward (``on_backward``) the
+compute thread starts that layer's exchange and hands a future to the communication thread:
+
+compute thread, on the layer's own CUDA stream (after an event recorded on the compute stream)
+    the codec's ``local_stat`` and ``encode`` into the tensor's wire buffer on the device, then an
+    asynchronous copy into pinned host memory, and an event recorded after it;
+communication thread, on the same stream
+    waits for that event, agrees on the codec's statistic (a MAX over ranks) when it has one (and
+    then encodes there, since the scale depends on it), runs the reduction (comm/allreduce.py),
+    copies the result back (H2D) and decodes it into the gradient, and records a done event;
+``on_gradients_ready`` (before the update)
+    waits for each layer's future; the compute stream then waits for the done events.
+
+On the CPU the same path runs without copies or streams: the wire buffer is the host buffer, and
+the statistic and the encode run on the communication side too, since a host encode on the
+compute thread would lengthen backward instead of overlapping it (on the GPU the compute
+thread only launches kernels).
+Synchronous mode (``async: false``) runs exactly the same steps for each layer, in the order the
+hooks came, on the compute thread after backward; every tensor's arithmetic is independent of
+when it runs, so both modes give bit-identical weights. Only one thread calls MPI at a time
+(MPI_THREAD_SERIALIZED): during backward that is the communication thread alone.
+
+Shared parameters are exchanged once, with the lowest layer index that uses them (the last
+backward that accumulates into them), and only in the last of ``iter_size`` passes (the trainer
+calls ``on_backward`` only then). Layers whose hook did not come are exchanged before the wait.
+
+Every collective completes through the collective watchdog (comm/watchdog.py), so a stalled rank
+ends the job with its name after ``comm.stall_timeout`` seconds instead of a hang. Per layer and
+iteration the exchange records encode, d2h, wait (for the copy), comm, h2d, decode and quantile
+seconds (CUDA events for the device phases on the GPU) in ``timings`` (engine.timing).
 """
 import hashlib
+import queue
+import threading
 import time
-from functools import partial
 
 import numpy
 
 from engine import backend
-from comm.allreduce import create_allreduce
-from comm.codecs import TensorPlan, create_codec
-from comm.gather_codecs import create_gather_codec
-
-_DEFAULTS = dict(codec="fp8", relative=True, hierarchical=True, quantile=0.95,
-                 quantile_interval=100, samples=1024, epsilon=1e-5, processes_per_node=0,
-                 warmup_fp32_iters=0, rounding="nearest", algorithm="")
-
-
-def _setting(comm_param, name):
-    """A field of the solver's ``comm`` block (a parsed Message or any object with attributes)."""
-    if comm_param is None:
-        return _DEFAULTS[name]
-    return getattr(comm_param, name, _DEFAULTS[name])
+from engine.callbacks import SolverCallback
+from engine.errors import CaffeError
+from engine.timing import PHASES, ExchangeTimes
+from comm.allreduce import BLOCKING, create_transport, max_over
+from comm.codecs import Tensor, create_codec
+from comm.config import transport_name
+from comm.ops import padded_length
 
 
-def _add(timings, **seconds):
-    if timings is not None:
-        for k, v in seconds.items():
-            timings[k] = timings.get(k, 0.0) + v
+def build_schedule(layer_param_slices):
+    """{layer index: [slices]}: each distinct slice at the lowest layer index that uses it."""
+    owner = {}
+    for i in sorted(layer_param_slices):
+        for _, sl in layer_param_slices[i]:
+            if sl.stop > sl.start:
+                owner.setdefault((sl.start, sl.stop), (i, sl))
+    schedule = {}
+    for i, sl in owner.values():
+        schedule.setdefault(i, []).append(sl)
+    return schedule
 
 
-class GradientExchange:
+class _Clock:
+    """Marks on a stream that can be differenced: CUDA events on the GPU, host seconds else."""
+
+    def __init__(self, gpu):
+        self.gpu = gpu
+
+    def mark(self, stream=None):
+        if self.gpu:
+            ev = backend.cupy.cuda.Event()
+            ev.record(stream)
+            return ev
+        return time.perf_counter()
+
+    def seconds(self, a, b):
+        if self.gpu:
+            b.synchronize()
+            return backend.cupy.cuda.get_elapsed_time(a, b) / 1000.0
+        return b - a
+
+
+class _Trip:
+    """One tensor's way through the exchange in one iteration."""
+    __slots__ = ("sl", "codec", "transport", "tensor", "stat", "payload", "ctx", "host",
+                 "copied", "device_wire", "marks", "quantile")
+
+
+class Future:
+    """The exchange of one layer in one iteration: ``wait()`` returns when the gradients hold the
+    mean over all processes, or raises the error that ended it."""
+
+    def __init__(self, layer, trips):
+        self.layer, self.trips = layer, trips
+        self.error = None
+        self.done_event = None               # CUDA event after the decode (GPU)
+        self.times = dict.fromkeys(PHASES, 0.0)
+        self._done = threading.Event()
+
+    def set_done(self, error=None):
+        self.error = error
+        self._done.set()
+
+    def wait(self):
+        self._done.wait()
+        if self.error is not None:
+            raise self.error
+
+
+class Exchange(SolverCallback):
     """Averages the net's parameter gradients over ``world`` (see the module docstring).
 
-    ``world``: comm.mpi.World; ``comm_param``: the solver's ``comm`` block; ``net``: an
-    engine Net (``flat_data``, ``flat_diff``, ``layer_param_slices``).
+    ``world``: comm.mpi.World (or any world of engine.world with ``comm``); ``comm``: the solver's
+    parsed ``comm`` block, already checked by comm.config.validate_comm; ``net``: an engine Net
+    (``flat_data``, ``flat_diff``, ``layer_param_slices``, ``layers``); ``watchdog``: a
+    comm.watchdog.Watchdog completing every collective (None: plain blocking waits).
     """
 
-    def __init__(self, world, comm_param, net):
-        self.world, self.net = world, net
+    def __init__(self, world, comm, net, watchdog=None):
+        self.world, self.net, self.watchdog = world, net, watchdog
+        self.asynchronous = bool(getattr(comm, "async"))      # "async" is a Python keyword
         self.iteration = 0
-        self.warmup_fp32_iters = int(_setting(comm_param, "warmup_fp32_iters"))
-        options = {k: _setting(comm_param, k) for k in
-                   ("relative", "epsilon", "rounding", "quantile", "quantile_interval", "samples")}
-        name = _setting(comm_param, "codec")
-        # APS / Dettmers / Strom carry their own allgather-based collective.
-        self.gather_mean = create_gather_codec(name, comm_param)
-        self.codec = create_codec("fp32" if self.gather_mean else name, rank=world.rank, **options)
-        self.fp32 = create_codec("fp32")
-        default_algo = "hierarchical" if _setting(comm_param, "hierarchical") else "rsag"
-        chosen = _setting(comm_param, "algorithm") or None
-        self._algo_for = {c.name: chosen or c.preferred_algorithm or default_algo
-                          for c in (self.codec, self.fp32)}
-        self.algorithms = {}
-        if world.size > 1:
-            ppn = int(_setting(comm_param, "processes_per_node"))
-            # Creating the hierarchical sum's communicators is collective: do it here, in the
-            # same order on every rank, never lazily from inside a layer hook.
-            for name in sorted(set(self._algo_for.values())):
-                self.algorithms[name] = create_allreduce(name, world.comm, ppn)
+        self.warmup_fp32_iters = comm.warmup_fp32_iters
+        self.codec = create_codec(comm.codec, comm, world.rank)
+        self.fp32 = create_codec("fp32", comm, world.rank)
+        self.schedule = build_schedule(net.layer_param_slices)
+        self.gpu = backend.get_array_module(net.flat_diff) is not numpy
+        self.clock = _Clock(self.gpu)
+        waiter = watchdog or BLOCKING
+        self._transport_of = {c.name: transport_name(comm, c) for c in (self.codec, self.fp32)}
+        # Creating the hierarchical sum's communicators is collective: here, in the same order
+        # on every rank, never lazily from inside a layer hook.
+        self.transports = {name: create_transport(name, world.comm, comm.processes_per_node,
+                                                  waiter)
+                           for name in sorted(set(self._transport_of.values()))}
+        self.timings = ExchangeTimes({}, self.codec.quantile_interval, self.asynchronous)
+        self._buffers = {}
+        self._streams = {}
+        self._futures = []
+        self._launched = set()
+        self._failed = False
+        if self.asynchronous:
+            self._queue = queue.Queue()
+            self._thread = threading.Thread(target=self._run, name="caffe8-comm", daemon=True)
+            self._thread.start()
 
     def codec_for_iteration(self):
         """The float32 codec during the warm-up iterations, the configured codec after."""
         return self.fp32 if self.iteration < self.warmup_fp32_iters else self.codec
 
-    def tensor_slices(self, layer_index):
-        """Slices of flat_diff of the layer's learnable tensors (weights, biases, ...)."""
-        return [sl for _, sl in self.net.layer_param_slices.get(layer_index, [])]
+    # --- the callback protocol (compute thread) -----------------------------------------------
+    def on_start(self):
+        self._futures, self._launched = [], set()
 
-    def exchange_tensor(self, sl, timings=None):
-        """Replace ``flat_diff[sl]`` by its mean over all processes (no-op on one process).
+    def on_backward(self, layer_index):
+        """The layer's gradients are final: start its exchange (async) or note it (sync)."""
+        if layer_index not in self.schedule or layer_index in self._launched:
+            return
+        self._launched.add(layer_index)
+        if self.asynchronous:
+            future = self.launch(layer_index)
+            self._futures.append(future)
+            self._queue.put(future)
+        else:
+            self._futures.append(layer_index)
 
-        ``timings``: a dict that receives seconds of "encode", "quantile", "d2h" (device-to-host
-        copy, GPU only), "comm", "decode" and "h2d", added to what it holds.
-        """
-        if self.world.size == 1 or sl.stop <= sl.start:
-            return
-        grad = self.net.flat_diff[sl]
-        t0 = time.perf_counter()
-        if self.gather_mean is not None and self.iteration >= self.warmup_fp32_iters:
-            grad[...] = self.gather_mean(self.world.comm, grad, (sl.start, sl.stop), self.iteration)
-            _add(timings, comm=time.perf_counter() - t0)
-            return
+    def on_gradients_ready(self):
+        """Wait for every layer's future (sync: run them now), then end the iteration."""
+        missing = [i for i in sorted(self.schedule, reverse=True) if i not in self._launched]
+        if self.asynchronous:
+            for i in missing:
+                future = self.launch(i)
+                self._futures.append(future)
+                self._queue.put(future)
+            futures = self._futures
+        else:
+            futures = []
+            for i in self._futures + missing:
+                future = self.launch(i)
+                self._finish(future)
+                futures.append(future)
+        layers, quantile = {}, 0.0
+        for future in futures:
+            try:
+                future.wait()
+            except BaseException as exc:
+                self._failed = True
+                name = self.net.layers[future.layer].name
+                raise CaffeError(f"gradient exchange of layer '{name}' failed: "
+                                 f"{type(exc).__name__}: {exc}") from exc
+            if future.done_event is not None:
+                backend.cupy.cuda.get_current_stream().wait_event(future.done_event)
+            self._read_times(future)
+            layers[future.layer] = future.times
+            quantile += future.times["quantile"]
+        previous = self.timings.quantile_pass
+        self.timings = ExchangeTimes(layers, self.codec.quantile_interval, self.asynchronous,
+                                     quantile if quantile > 0 else previous)
+        self._futures, self._launched = [], set()
+        self.iteration += 1
+
+    # --- one layer ------------------------------------------------------------------------------
+    def _stream(self, layer):
+        if not self.gpu:
+            return None
+        if layer not in self._streams:
+            self._streams[layer] = backend.cupy.cuda.Stream(non_blocking=True)
+        return self._streams[layer]
+
+    def _buffer(self, key, codec, transport, n, dtype):
+        """The tensor's zero-padded wire buffer on the gradient's device (and its pinned host
+        mirror on the GPU), kept from one iteration to the next: fresh buffers of tens of MB
+        cost page faults every call. Encoders write only ``[:n]``; the padding stays zero."""
+        length = padded_length(n, codec.wire.unit, transport.parts)
+        entry = self._buffers.get((key, codec.name))
+        if entry is None or entry[0].size != length or entry[0].dtype != dtype:
+            host = backend.host_buffer(length, dtype)
+            device = backend.get_array_module(self.net.flat_diff).zeros(length, dtype) \
+                if self.gpu else host
+            entry = self._buffers[(key, codec.name)] = (host, device)
+        return entry
+
+    def launch(self, layer):
+        """Compute side of one layer's exchange; returns its Future (not yet run)."""
         codec = self.codec_for_iteration()
-        algo = self.algorithms[self._algo_for[codec.name]]
-        plan = TensorPlan(stages=algo.stages, parts=algo.parts, comm=self.world.comm,
-                          key=(sl.start, sl.stop), weight=self.net.flat_data[sl],
-                          iteration=self.iteration)
-        q0, d0, h0 = codec.quantile_seconds, codec.d2h_seconds, codec.h2d_seconds
-        wire, ctx = codec.compress(grad, plan)
-        t1 = time.perf_counter()
-        between = partial(codec.between_stages, ctx=ctx) if codec.between_stages else None
-        algo.sum(wire, codec.wire, between)
-        t2 = time.perf_counter()
-        codec.decompress(wire, ctx, grad)
-        quantile, d2h, h2d = (codec.quantile_seconds - q0, codec.d2h_seconds - d0,
-                              codec.h2d_seconds - h0)
-        _add(timings, encode=t1 - t0 - quantile - d2h, quantile=quantile, d2h=d2h, comm=t2 - t1,
-             decode=time.perf_counter() - t2 - h2d, h2d=h2d)
+        transport = self.transports[self._transport_of[codec.name]]
+        stream = self._stream(layer)
+        if stream is not None:
+            stream.wait_event(self.clock.mark(backend.cupy.cuda.get_current_stream()))
+        trips = []
+        for sl in self.schedule[layer]:
+            trip = _Trip()
+            trip.sl, trip.codec, trip.transport = sl, codec, transport
+            trip.host = trip.device_wire = trip.copied = trip.payload = trip.ctx = None
+            trip.marks = {}
+            key = (sl.start, sl.stop)
 
-    def exchange_layer(self, layer_index, layer=None):
-        """Exchange every learnable tensor of one layer (signature of Net.add_backward_hook)."""
-        for sl in self.tensor_slices(layer_index):
-            self.exchange_tensor(sl)
+            def buffer(n, dtype, trip=trip, key=key):
+                host, device = self._buffer(key, trip.codec, trip.transport, n, dtype)
+                trip.host, trip.device_wire = host, device
+                return device[:n]
 
-    def exchange_all(self):
-        """Exchange the whole net, layers in backward order (shared slices once), then
-        :meth:`end_iteration`."""
-        seen = set()
-        for layer_index in sorted(self.net.layer_param_slices, reverse=True):
-            for sl in self.tensor_slices(layer_index):
-                if (sl.start, sl.stop) not in seen:
-                    seen.add((sl.start, sl.stop))
-                    self.exchange_tensor(sl)
-        self.end_iteration()
+            trip.tensor = Tensor(key, self.net.flat_data[sl], self.iteration, self.world.size,
+                                 transport.stages, buffer)
+            trip.stat, trip.quantile = None, 0.0
+            if self.gpu:
+                with _on(stream):
+                    t = time.perf_counter()
+                    trip.stat = codec.local_stat(self.net.flat_diff[sl], trip.tensor)
+                    trip.quantile = time.perf_counter() - t if trip.stat is not None else 0.0
+                    if trip.stat is None:
+                        self._encode(trip, stream)
+            trips.append(trip)
+        return Future(layer, trips)
 
+    def _encode(self, trip, stream):
+        """Encode on the device, then start the copy of the payload into pinned host memory."""
+        trip.marks["encode"] = self.clock.mark(stream)
+        trip.payload, trip.ctx = trip.codec.encode(self.net.flat_diff[trip.sl], trip.tensor)
+        trip.marks["encoded"] = self.clock.mark(stream)
+        if self.gpu:
+            n = trip.payload.size
+            if trip.codec.reduction == "gather":    # any length: a pinned buffer that fits
+                host = self._buffers.get((trip.tensor.key, "gather"))
+                if host is None or host.size < n or host.dtype != trip.payload.dtype:
+                    host = backend.host_buffer(max(n, 1), trip.payload.dtype)
+                    self._buffers[(trip.tensor.key, "gather")] = host
+                trip.host = host
+            trip.payload = backend.cupy.ascontiguousarray(trip.payload)
+            _copy_async(trip.host.ctypes.data, trip.payload.data.ptr, trip.payload.nbytes,
+                        _D2H, stream)
+            trip.copied = self.clock.mark(stream)
+            trip.marks["copied"] = trip.copied
+        else:
+            trip.host = trip.payload if trip.codec.reduction == "gather" else trip.host
+
+    def complete(self, future):
+        """Communication side of one layer (the communication thread, or inline when sync)."""
+        stream = self._stream(future.layer)
+        times = future.times
+        for trip in future.trips:
+            codec, transport = trip.codec, trip.transport
+            if self.watchdog is not None:
+                self.watchdog.at(self.iteration,
+                                 f"layer '{self.net.layers[future.layer].name}'")
+            times["quantile"] += trip.quantile
+            if trip.payload is None and trip.stat is None:    # the CPU: all on this side
+                t = time.perf_counter()
+                trip.stat = codec.local_stat(self.net.flat_diff[trip.sl], trip.tensor)
+                times["quantile"] += time.perf_counter() - t if trip.stat is not None else 0.0
+                if trip.stat is None:
+                    self._encode(trip, stream)
+            if trip.payload is None:
+                t = time.perf_counter()
+                codec.agree(trip.tensor, max_over(self.world.comm, trip.stat,
+                                                  self.watchdog or BLOCKING))
+                times["quantile"] += time.perf_counter() - t
+                with _on(stream):
+                    self._encode(trip, stream)
+            if trip.copied is not None:
+                t = time.perf_counter()
+                trip.copied.synchronize()
+                times["wait"] += time.perf_counter() - t
+            t1 = time.perf_counter()
+            n = trip.payload.size
+            if codec.reduction == "sum":
+                between = None
+                if codec.between_stages is not None:
+                    ctx = trip.ctx
+                    between = lambda piece: codec.between_stages(piece, ctx)  # noqa: E731
+                transport.sum(trip.host, codec.wire, between)
+                reduced = trip.host[:n]
+            else:
+                reduced = transport.gather(trip.host[:n], codec.varying)
+            t2 = time.perf_counter()
+            times["comm"] += t2 - t1
+            with _on(stream):
+                trip.marks["h2d"] = self.clock.mark(stream)
+                if self.gpu:
+                    if codec.reduction == "sum":
+                        _copy_async(trip.device_wire.data.ptr, trip.host.ctypes.data,
+                                    reduced.nbytes, _H2D, stream)
+                        reduced = trip.device_wire[:n]
+                    else:
+                        reduced = [backend.cupy.asarray(row) for row in reduced]
+                trip.marks["decode"] = self.clock.mark(stream)
+                codec.decode(reduced, trip.ctx, self.net.flat_diff[trip.sl])
+                trip.marks["done"] = self.clock.mark(stream)
+            if not self.gpu:
+                times["encode"] += trip.marks["encoded"] - trip.marks["encode"]
+                times["decode"] += trip.marks["done"] - trip.marks["decode"]
+        if self.gpu:
+            future.done_event = self.clock.mark(stream)
+
+    def _read_times(self, future):
+        """Device phases of a finished future from its CUDA events (GPU only)."""
+        if not self.gpu:
+            return
+        s, times = self.clock.seconds, future.times
+        for trip in future.trips:
+            m = trip.marks
+            times["encode"] += s(m["encode"], m["encoded"])
+            times["d2h"] += s(m["encoded"], m["copied"])
+            times["h2d"] += s(m["h2d"], m["decode"])
+            times["decode"] += s(m["decode"], m["done"])
+
+    # --- the communication thread ---------------------------------------------------------------
+    def _run(self):
+        backend.bind_thread()
+        while True:
+            future = self._queue.get()
+            if future is None:
+                return
+            self._finish(future)
+
+    def _finish(self, future):
+        """Run ``complete`` and settle the future with its outcome."""
+        if self._failed:      # after a failure: no more MPI traffic, just release waiters
+            future.set_done(CaffeError("an earlier layer's exchange failed"))
+            return
+        try:
+            self.complete(future)
+        except BaseException as exc:   # surfaces in the compute thread with the layer name
+            self._failed = True
+            future.set_done(exc)
+        else:
+            future.set_done()
+
+    # --- state, checks, end ---------------------------------------------------------------------
     def state(self):
-        """What an exact resume needs: the iteration (warm-up, quantile refresh) and every
-        tensor's current q. (Strom's residuals are not saved: a resumed Strom run restarts them.)"""
-        tracker = getattr(self.codec, "tracker", None)
-        values = tracker.values.items() if tracker is not None else ()
-        return {"iteration": self.iteration,
-                "quantiles": [[int(k[0]), int(k[1]), float(q)] for k, q in values]}
+        """What an exact resume needs: the iteration (warm-up, quantile refresh) and the codec's
+        state (fp8: every tensor's q). Strom's residuals are not saved: a resumed Strom run
+        restarts them."""
+        return {"iteration": self.iteration, **self.codec.state()}
 
     def restore(self, state):
         self.iteration = int(state["iteration"])
-        tracker = getattr(self.codec, "tracker", None)
-        if tracker is not None:
-            tracker.values = {(a, b): q for a, b, q in state["quantiles"]}
+        self.codec.restore(state)
 
-    def end_iteration(self):
-        """Advance the iteration counter (warm-up and quantile refresh depend on it)."""
-        self.iteration += 1
-
-    def checksum_check(self, params=None):
+    def consistency_check(self, params=None):
         """True when every rank holds bit-identical ``params`` (default: the net's flat_data).
 
         ``params``: an array or a list of arrays. Each rank hashes the raw bytes (SHA-256) and
@@ -158,6 +396,43 @@ class GradientExchange:
         digests = self.world.comm.allgather(h.hexdigest())
         return len(set(digests)) == 1
 
-    def free(self):
-        for algo in self.algorithms.values():
-            algo.free()
+    def close(self):
+        """End the communication thread; free communicators unless an exchange failed (a rank
+        may then still be inside a collective on them, and the job is being aborted)."""
+        if self.asynchronous and self._thread.is_alive():
+            self._queue.put(None)
+            self._thread.join(timeout=10)
+            if self._thread.is_alive():
+                return
+        if self._failed:
+            return
+        for transport in self.transports.values():
+            transport.free()
+        if self.watchdog is not None:
+            self.watchdog.free()
+
+
+_H2D, _D2H = 1, 2       # cudaMemcpyHostToDevice, cudaMemcpyDeviceToHost
+
+
+def _copy_async(dst, src, nbytes, kind, stream):
+    """cudaMemcpyAsync on ``stream``: asynchronous to the host because the host side is pinned
+    (backend.host_buffer), ordered with the encode before it and the decode after it."""
+    if nbytes:
+        backend.cupy.cuda.runtime.memcpyAsync(dst, src, nbytes, kind, stream.ptr)
+
+
+class _on:
+    """``with _on(stream):`` makes ``stream`` current on the GPU; nothing on the CPU."""
+
+    def __init__(self, stream):
+        self.stream = stream
+
+    def __enter__(self):
+        if self.stream is not None:
+            self.stream.__enter__()
+        return self.stream
+
+    def __exit__(self, *exc):
+        if self.stream is not None:
+            self.stream.__exit__(*exc)

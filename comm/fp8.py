@@ -17,69 +17,26 @@ keep the upper byte, infinity -> largest finite).
 
     s = fp8.add(a, b, rounding="seed")     # uint8 codes + uint8 codes -> uint8 codes (the op)
 
-Implementations: NumPy arrays use the C kernels (comm.kernels) when they are built, else the
-vectorised bit manipulation below; CuPy arrays use one fused ElementwiseKernel per direction.
+Implementations: NumPy arrays go through comm.kernels (the C kernels when they are built, else
+its vectorised NumPy fallback; the choice is made there only); CuPy arrays use one fused ElementwiseKernel per direction.
 float64 inputs go through the general exact encoder (comm.formats), since rounding them to
 float32 first could round twice.
 """
 import numpy
 
-from comm import formats
+from comm import formats, kernels
 from engine import backend
 
-MAX = 57344.0
-MAX_CODE = 0x7B
-NAN_CODE = 0x7E
-_ROUNDINGS = ("nearest", "truncate", "seed")
-_DECODE_LUT = formats.FP8_E5M2.table(numpy)
+MAX = kernels.FP8_MAX
 
 
 def _check_rounding(rounding):
-    if rounding not in _ROUNDINGS:
-        raise ValueError(f"comm.fp8: rounding must be one of {_ROUNDINGS}, got {rounding!r}")
+    kernels.check_rounding(rounding, "comm.fp8: rounding")
 
 
 def _conversion(rounding):
     """The conversion a rounding mode uses: the seed's conversion is ``"truncate"``."""
     return "truncate" if rounding == "seed" else rounding
-
-
-# --- NumPy --------------------------------------------------------------------------------------
-def encode_numpy(x, rounding="nearest"):
-    """NumPy float32 array -> uint8 fp8 codes, without the C kernels.
-
-    Works on the float32 bit pattern (the same steps as the C and CUDA kernels): normal results
-    round at bit 21 with the carry trick; below 2**-14 adding 128.0 puts fp8's subnormal quantum
-    2**-16 at float32's last place, so the FPU rounds to nearest even. (NumPy's own float16 cast
-    is slower than all of this and would round twice.)
-    """
-    _check_rounding(rounding)
-    x = numpy.ascontiguousarray(x, dtype=numpy.float32)
-    if _conversion(rounding) == "truncate":
-        return formats.FP8_E5M2.encode(x, "truncate")
-    u = x.view(numpy.uint32)
-    a = u & numpy.uint32(0x7FFFFFFF)
-    c = a >> 21
-    c &= 1
-    c += 0xFFFFF
-    c += a
-    c >>= 21
-    c -= 448                               # rebias 127 -> 15; wraps for tiny a, replaced next
-    small = a < 0x38800000
-    sub = a[small].view(numpy.float32) + numpy.float32(128.0)
-    sub = sub.view(numpy.uint32)
-    sub -= 0x43000000
-    c[small] = sub
-    numpy.minimum(c, MAX_CODE, out=c)      # saturate, inf included
-    c[a > 0x7F800000] = NAN_CODE
-    code = c.astype(numpy.uint8)
-    code |= (u >> 24).astype(numpy.uint8) & 0x80
-    return code
-
-
-def decode_numpy(b):
-    """NumPy uint8 fp8 codes -> float32 (256-entry table)."""
-    return _DECODE_LUT[numpy.asarray(b).view(numpy.uint8)]
 
 
 # --- CuPy kernels -------------------------------------------------------------------------------
@@ -187,11 +144,7 @@ def encode(x, rounding="nearest"):
 
 
 def _encode_host(x32, rounding, scale=1.0):
-    from comm import kernels
     flat = numpy.ascontiguousarray(x32).reshape(-1)
-    if kernels.current_path() == "numpy":
-        y = flat if scale == 1.0 else flat * numpy.float32(scale)
-        return encode_numpy(y, rounding).reshape(x32.shape)
     out = numpy.empty(flat.shape, numpy.uint8)
     kernels.encode_fp8(flat, out, scale=scale, rounding=rounding)
     return out.reshape(x32.shape)
@@ -209,9 +162,6 @@ def decode(b):
 
 
 def _decode_host(b):
-    from comm import kernels
-    if kernels.current_path() == "numpy":
-        return decode_numpy(b)
     flat = numpy.ascontiguousarray(b).reshape(-1)
     out = numpy.empty(flat.shape, numpy.float32)
     kernels.decode_fp8(flat, out)
@@ -226,7 +176,6 @@ def add(a, b, rounding="nearest"):
     code (``comm.kernels.fp8_sum`` on the current kernel path); on CuPy a fused kernel with the
     same arithmetic.
     """
-    from comm import kernels
     if rounding not in kernels.SUM_ROUNDINGS:
         raise ValueError(f"comm.fp8.add: rounding must be one of {kernels.SUM_ROUNDINGS}, "
                          f"got {rounding!r}")

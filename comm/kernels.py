@@ -48,6 +48,11 @@ _PATH_BITS = (("avx512", 4), ("avx2", 2), ("portable", 1))
 _CFLAGS = ["-O3", "-std=c99", "-fno-trapping-math", "-ffp-contract=off", "-fPIC",
            "-shared"]                                                  # as in setup.py
 
+FP8_MAX = 57344.0      # largest finite E5M2 value: saturation target and the codec's scale
+MAX_CODE = 0x7B
+NAN_CODE = 0x7E
+ROUNDINGS = ("nearest", "truncate", "seed")
+
 _lib = None
 _lib_file = None
 _available = []
@@ -332,6 +337,12 @@ def _c_function(kind):
 
 
 # --- argument checks ----------------------------------------------------------------------------
+def check_rounding(rounding, what="rounding"):
+    """ValueError naming ``what`` unless ``rounding`` is one of :data:`ROUNDINGS`."""
+    if rounding not in ROUNDINGS:
+        raise ValueError(f"{what}: {rounding!r}, valid: {', '.join(ROUNDINGS)}")
+
+
 def _check(a, itemsize, what, writeable=False):
     if not isinstance(a, numpy.ndarray):
         raise TypeError(f"comm.kernels: {what} must be a numpy array, got {type(a).__name__}")
@@ -402,9 +413,7 @@ def half_sum_ptr(src_addr, dst_addr, n):
 def encode_fp8(x_f32, out_u8, scale=1.0, rounding="nearest"):
     """``out_u8 = fp8(float32(x_f32 * scale))``; rounding "nearest" or "truncate" (the seed's:
     half, nearest even, keep the upper byte); saturating. Returns out_u8."""
-    if rounding not in ("nearest", "truncate", "seed"):
-        raise ValueError(f"comm.kernels.encode_fp8: rounding must be 'nearest', 'truncate' or "
-                         f"'seed', got {rounding!r}")
+    check_rounding(rounding, "comm.kernels.encode_fp8: rounding")
     _check(x_f32, 4, "x_f32")
     if x_f32.dtype != numpy.float32:
         raise ValueError(f"comm.kernels.encode_fp8: x_f32 must be float32, got {x_f32.dtype}")
@@ -415,9 +424,8 @@ def encode_fp8(x_f32, out_u8, scale=1.0, rounding="nearest"):
     if x_f32.size == 0:
         return out_u8
     if _current == "numpy":
-        from comm import fp8
         y = x_f32 if scale == 1.0 else x_f32 * numpy.float32(scale)
-        out_u8.reshape(-1).view(numpy.uint8)[:] = fp8.encode_numpy(y.reshape(-1), rounding)
+        out_u8.reshape(-1).view(numpy.uint8)[:] = encode_numpy(y.reshape(-1), rounding)
     else:
         _c_function("encode")(x_f32.ctypes.data, out_u8.ctypes.data, x_f32.size,
                               float(scale), int(rounding != "nearest"))
@@ -435,8 +443,7 @@ def decode_fp8(b, out_f32, scale=1.0):
     if b.size == 0:
         return out_f32
     if _current == "numpy":
-        from comm import fp8
-        v = fp8.decode_numpy(b.reshape(-1).view(numpy.uint8))
+        v = decode_numpy(b.reshape(-1).view(numpy.uint8))
         out_f32.reshape(-1)[:] = v if scale == 1.0 else v * numpy.float32(scale)
     else:
         _c_function("decode")(b.ctypes.data, out_f32.ctypes.data, b.size, float(scale))
@@ -454,9 +461,7 @@ def encode_ratio_fp8(g, w, eps, scale, out, rounding="nearest"):
     encode in one pass (float32 ``g``, ``w``; uint8 ``out``; all the same size). ``eps`` and
     ``scale`` are used as float32; rounding and saturation as in :func:`encode_fp8`. Returns out.
     """
-    if rounding not in ("nearest", "truncate", "seed"):
-        raise ValueError(f"comm.kernels.encode_ratio_fp8: rounding must be 'nearest', "
-                         f"'truncate' or 'seed', got {rounding!r}")
+    check_rounding(rounding, "comm.kernels.encode_ratio_fp8: rounding")
     _check_float32(g, "g", "encode_ratio_fp8")
     _check_float32(w, "w", "encode_ratio_fp8")
     _check(out, 1, "out", writeable=True)
@@ -466,11 +471,10 @@ def encode_ratio_fp8(g, w, eps, scale, out, rounding="nearest"):
     if g.size == 0:
         return out
     if _current == "numpy":
-        from comm import fp8
         with numpy.errstate(divide="ignore", over="ignore", invalid="ignore"):
             d = g.reshape(-1) / (numpy.abs(w.reshape(-1)) + numpy.float32(eps))
             d *= numpy.float32(scale)
-        out.reshape(-1).view(numpy.uint8)[:] = fp8.encode_numpy(d, rounding)
+        out.reshape(-1).view(numpy.uint8)[:] = encode_numpy(d, rounding)
     else:
         _c_function("encode_ratio")(g.ctypes.data, w.ctypes.data, float(eps), float(scale),
                                     out.ctypes.data, g.size, int(rounding != "nearest"))
@@ -489,9 +493,8 @@ def decode_ratio_fp8(b, w, eps, inv_scale, out):
     if b.size == 0:
         return out
     if _current == "numpy":
-        from comm import fp8
         with numpy.errstate(over="ignore", invalid="ignore"):
-            v = fp8.decode_numpy(b.reshape(-1).view(numpy.uint8)) * numpy.float32(inv_scale)
+            v = decode_numpy(b.reshape(-1).view(numpy.uint8)) * numpy.float32(inv_scale)
             v *= numpy.abs(w.reshape(-1)) + numpy.float32(eps)
         out.reshape(-1)[:] = v
     else:
@@ -500,18 +503,58 @@ def decode_ratio_fp8(b, w, eps, inv_scale, out):
     return out
 
 
-# --- NumPy fallback -----------------------------------------------------------------------------
+# --- NumPy fallback of the conversions ----------------------------------------------------------
+def encode_numpy(x, rounding="nearest"):
+    """NumPy float32 array -> uint8 fp8 codes, without the C kernels.
+
+    Works on the float32 bit pattern (the same steps as the C and CUDA kernels): normal results
+    round at bit 21 with the carry trick; below 2**-14 adding 128.0 puts fp8's subnormal quantum
+    2**-16 at float32's last place, so the FPU rounds to nearest even. (NumPy's own float16 cast
+    is slower than all of this and would round twice.)
+    """
+    check_rounding(rounding, "comm.kernels.encode_numpy: rounding")
+    x = numpy.ascontiguousarray(x, dtype=numpy.float32)
+    if rounding in ("truncate", "seed"):  # the seed rounding converts as "truncate"
+        from comm import formats
+        return formats.FP8_E5M2.encode(x, "truncate")
+    u = x.view(numpy.uint32)
+    a = u & numpy.uint32(0x7FFFFFFF)
+    c = a >> 21
+    c &= 1
+    c += 0xFFFFF
+    c += a
+    c >>= 21
+    c -= 448                               # rebias 127 -> 15; wraps for tiny a, replaced next
+    small = a < 0x38800000
+    sub = a[small].view(numpy.float32) + numpy.float32(128.0)
+    sub = sub.view(numpy.uint32)
+    sub -= 0x43000000
+    c[small] = sub
+    numpy.minimum(c, MAX_CODE, out=c)      # saturate, inf included
+    c[a > 0x7F800000] = NAN_CODE
+    code = c.astype(numpy.uint8)
+    code |= (u >> 24).astype(numpy.uint8) & 0x80
+    return code
+
+
+def decode_numpy(b):
+    """NumPy uint8 fp8 codes -> float32 (256-entry table)."""
+    from comm import formats
+    return formats.FP8_E5M2.table(numpy)[numpy.asarray(b).view(numpy.uint8)]
+
+
+# --- NumPy fallback of the sums -----------------------------------------------------------------
 def _from_address(addr, n, dtype):
     buf = (ctypes.c_char * (n * numpy.dtype(dtype).itemsize)).from_address(addr)
     return numpy.frombuffer(buf, dtype=dtype)
 
 
 def _numpy_fp8_sum(src, dst, rounding="nearest"):
-    from comm import fp8
     with numpy.errstate(invalid="ignore"):                  # inf + -inf inputs: NaN, as in C
-        total = fp8.decode_numpy(src) + fp8.decode_numpy(dst)  # float32: kernels.c on rounding
-    # "truncate" is the seed's conversion: float32 -> half (nearest even), keep the upper byte
-    dst[:] = fp8.encode_numpy(total, "truncate" if rounding == "seed" else "nearest")
+        total = decode_numpy(src) + decode_numpy(dst)      # float32: kernels.c on rounding
+    # Oyama et al.'s sum converts as "truncate" does: float32 -> half (nearest even), keep the
+    # upper byte
+    dst[:] = encode_numpy(total, "truncate" if rounding == "seed" else "nearest")
 
 
 def _numpy_half_sum(src, dst):

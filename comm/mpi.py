@@ -109,7 +109,14 @@ def mpi_module():
 
 
 class World:
-    """The job: ``rank``, ``size``, ``comm`` (an mpi4py communicator, or None when single)."""
+    """The job: ``rank``, ``size``, ``comm`` (an mpi4py communicator, or None when single).
+
+    ``watchdog``: a comm.watchdog.Watchdog set by the wiring of a training run; the array
+    collectives of the training loop then complete through it, so a stalled rank is named
+    there too rather than hanging the others.
+    """
+
+    watchdog = None
 
     def __init__(self, comm=None):
         self.comm = comm
@@ -131,9 +138,15 @@ class World:
     def is_mpi(self):
         return self.comm is not None
 
+    def _wait(self, request):
+        if self.watchdog is not None:
+            self.watchdog.wait(request)
+        else:
+            request.Wait()
+
     def barrier(self):
         if self.comm is not None:
-            self.comm.Barrier()
+            self._wait(self.comm.Ibarrier())
 
     # The collectives of the training loop (the protocol of ``engine.world``).
     def bcast(self, obj, root=0):
@@ -144,16 +157,19 @@ class World:
 
     def bcast_array(self, array, root=0):
         if self.comm is not None:
-            self.comm.Bcast(array, root=root)
+            self._wait(self.comm.Ibcast(array, root=root))
 
     def allreduce_sum_array(self, array):
         if self.comm is not None:
-            self.comm.Allreduce(mpi_module().IN_PLACE, array, op=mpi_module().SUM)
+            self._wait(self.comm.Iallreduce(mpi_module().IN_PLACE, array, op=mpi_module().SUM))
 
     def allreduce_or(self, value):
         if self.comm is None:
             return int(value)
-        return self.comm.allreduce(int(value), op=mpi_module().BOR)
+        import numpy
+        buf = numpy.array([int(value)], numpy.int64)
+        self._wait(self.comm.Iallreduce(mpi_module().IN_PLACE, buf, op=mpi_module().BOR))
+        return int(buf[0])
 
     def abort(self, code=1):
         """End every rank of the job (MPI_Abort), or this process when single."""

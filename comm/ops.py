@@ -155,15 +155,3 @@ def padded_length(n, unit, parts):
     """
     step = unit * parts
     return -(-n // step) * step
-
-
-def pad(wire, length):
-    """``wire`` (1-D) zero-padded to ``length`` elements; the same array when already that long.
-
-    Zero is +0 in fp8, half and float32, so the padding adds nothing to any sum.
-    """
-    if wire.size == length:
-        return wire
-    out = numpy.zeros(length, dtype=wire.dtype)
-    out[:wire.size] = wire
-    return out

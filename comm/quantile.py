@@ -28,32 +28,17 @@ def sample_quantile(abs_values, quantile, samples, rng):
     return float(xp.quantile(abs_values.astype(xp.float64), quantile))
 
 
-def agree_max(comm, value):
-    """The maximum of ``value`` over ``comm`` (identical on every rank); ``value`` when no MPI.
-
-    A non-finite local estimate (a NaN/Inf gradient, which the trainer's nonfinite policy deals
-    with) is entered as 0 so it cannot poison the other ranks' scale.
-    """
-    value = float(value) if numpy.isfinite(value) else 0.0
-    if comm is None or comm.Get_size() == 1:
-        return value
-    from comm.mpi import mpi_module
-    MPI = mpi_module()
-    buf = numpy.array([value], numpy.float64)
-    comm.Allreduce(MPI.IN_PLACE, buf, MPI.MAX)
-    return float(buf[0])
-
-
 class QuantileTracker:
-    """Per-tensor q_l, refreshed every ``interval`` iterations.
+    """Per-tensor q_l, refreshed every ``interval`` iterations, from at most ``samples`` entries
+    (the exchange passes the comm block's quantile, quantile_interval and samples: the schema
+    holds their defaults).
 
     ``shared_seed`` True draws the same sample positions on every rank (generator seeded with
     ``seed``); False gives each rank its own positions (seeded with (seed, rank)), which samples
     more of the tensor across the job. Either way the MAX-allreduce makes the ranks agree.
     """
 
-    def __init__(self, quantile=0.95, interval=100, samples=1024, seed=0, rank=0,
-                 shared_seed=True):
+    def __init__(self, quantile, interval, samples, seed=0, rank=0, shared_seed=True):
         if not 0.0 < quantile <= 1.0:
             raise ValueError(f"comm.quantile: must be in (0, 1], got {quantile}")
         if interval < 1 or samples < 1:
@@ -73,15 +58,25 @@ class QuantileTracker:
         tag = zlib.crc32(repr(key).encode())
         return numpy.random.default_rng(self.entropy + [tag, int(iteration)])
 
-    def update(self, key, d, comm, iteration=0):
-        """Estimate q for tensor ``key`` from ``d`` (D, not |D|), agree on the max, store it."""
+    def estimate(self, key, d, iteration=0):
+        """This rank's estimate of q for tensor ``key`` from ``d`` (D, not |D|); a non-finite
+        estimate (a NaN/Inf gradient, which the trainer's nonfinite policy deals with) is 0 so
+        it cannot poison the other ranks' scale in the MAX agreement."""
         xp = backend.get_array_module(d)
         local = sample_quantile(xp.abs(d.ravel()), self.quantile, self.samples,
                                 self._rng(key, iteration))
-        q = agree_max(comm, local)
-        # An all-zero tensor gives q = 0; any positive scale then encodes it exactly (as 0).
+        return local if numpy.isfinite(local) else 0.0
+
+    def store(self, key, q):
+        """Keep the agreed q of ``key``; an all-zero tensor gives q = 0, and any positive scale
+        then encodes it exactly (as 0)."""
         self.values[key] = q if q > 0.0 else 1.0
         return self.values[key]
+
+    def update(self, key, d, comm, iteration=0):
+        """Estimate, agree on the max over ``comm`` (None: this process alone), store."""
+        from comm.allreduce import max_over
+        return self.store(key, max_over(comm, self.estimate(key, d, iteration)))
 
     def get(self, key):
         return self.values[key]

@@ -16,7 +16,7 @@ words sorted by value are sorted by index (the seed's "sorted sets of integers",
 entropy-codes). A tensor of more than 2**31 elements has indices that do not fit in 31 bits: it
 is refused with a CaffeError (split it into several tensors) rather than silently wrapped.
 
-Exchange: Allgather of the word counts, Allgatherv of the words (comm/rank_gather.py). Every
+Exchange: Allgather of the word counts, Allgatherv of the words (the gather transport). Every
 rank rebuilds the same dense sum: zeros, then rank 0's +-tau, rank 1's, ... in rank order (each
 rank's indices are distinct, so one scatter-add per rank), in float32; the mean is sum / P.
 """
@@ -24,7 +24,6 @@ import numpy
 
 from engine import backend
 from engine.errors import CaffeError
-from comm.rank_gather import allgather_varying, world_size
 
 INDEX_BITS = 31
 MAX_ELEMENTS = 1 << INDEX_BITS
@@ -80,8 +79,8 @@ class StromCodec:
     ``tau``: the threshold (float32, > 0). Residuals are kept per ``key`` (a tensor's stable
     name; None for a single tensor). ``compress(tensor, key=None) -> (words, ctx)`` updates the
     residual and returns this rank's uint32 words; ``decompress(words, ctx)`` → the dense +-tau
-    tensor they stand for. ``allreduce_mean(comm, array, key=None)`` → the mean over ranks of
-    the dense updates, bit-identical on every rank.
+    tensor they stand for. The exchange's codec (comm/codecs.py) gathers every rank's words and
+    scatters them in rank order.
     """
 
     def __init__(self, tau):
@@ -112,13 +111,3 @@ class StromCodec:
         total = xp.zeros(int(numpy.prod(shape)), xp.float32)
         scatter_words(total, words, self.tau)
         return total.reshape(shape).astype(dtype, copy=False)
-
-    def allreduce_mean(self, comm, array, key=None):
-        """Mean over the ranks of ``comm`` (None: one process) of the sent +-tau updates."""
-        xp = backend.get_array_module(array)
-        words, (shape, dtype) = self.compress(array, key)
-        total = xp.zeros(array.size, xp.float32)
-        for part in allgather_varying(comm, backend.to_numpy(words)):   # rank order 0..P-1
-            scatter_words(total, xp.asarray(part), self.tau)
-        mean = total / numpy.float32(world_size(comm))
-        return mean.reshape(shape).astype(dtype, copy=False)

@@ -374,13 +374,6 @@ class Net:
                 blob.data = src.data.reshape(blob.shape)
                 blob.diff = src.diff.reshape(blob.shape)
 
-    def layer_flat_slice(self, i):
-        """One slice covering all params layer ``i`` owns (they are adjacent), or None."""
-        slices = self.layer_param_slices[i]
-        if not slices:
-            return None
-        return slice(slices[0][1].start, slices[-1][1].stop)
-
     # --- running -------------------------------------------------------------------------------
     def add_forward_hook(self, fn):
         """``fn(layer_index, layer)`` runs right after each layer's forward."""

@@ -3,18 +3,33 @@
 Times come from per-layer hooks: the Net calls a hook right after each layer's forward and
 backward, so a layer's time is the interval since the previous hook. On the GPU the marks are
 CUDA events (device time, not host clocks); on the CPU they are ``perf_counter`` readings.
-The exchange reports its own per-layer phases (encode, D2H, communication, H2D, decode,
-quantile) through ``exchange.timings``. The record layout is documented in
+The exchange reports its own per-layer phases (encode, D2H, wait for the copy, communication,
+H2D, decode, quantile) as an :class:`ExchangeTimes` record in its ``timings``. The record layout is documented in
 docs/timing_schema.json and summarised as the seed's figure 5/6 split:
 ForwardBackward, D2H, Communication, H2D, Quantile, Other (seconds).
 """
 import json
 import os
 import time
+from dataclasses import dataclass, field
 
 from engine import backend
 
-PHASES = ("encode", "d2h", "comm", "h2d", "decode", "quantile")
+PHASES = ("encode", "d2h", "wait", "comm", "h2d", "decode", "quantile")
+
+
+@dataclass
+class ExchangeTimes:
+    """What a gradient exchange measured in its last iteration (produced by the exchange).
+
+    ``layers``: {layer index: {phase: seconds}} with every phase of :data:`PHASES`;
+    ``quantile_interval``: N, iterations between two range estimates; ``asynchronous``: True when
+    the exchange overlapped backward; ``quantile_pass``: seconds of the last full estimate.
+    """
+    layers: dict = field(default_factory=dict)
+    quantile_interval: int = 1
+    asynchronous: bool = False
+    quantile_pass: float = 0.0
 
 
 class _Clock:
@@ -79,22 +94,22 @@ class TimingLog:
         if self.clock is None or len(self.marks) < 2:
             return
         fwd, bwd = self._layer_times()
-        ex = getattr(self.exchange, "timings", None) or {}
+        ex = self.exchange.timings if self.exchange is not None else None
+        ex = ex if ex is not None else ExchangeTimes()
         layers = []
         for i, layer in enumerate(self.net.layers):
             rec = {"name": layer.name, "type": layer.type,
                    "forward": fwd.get(i, 0.0), "backward": bwd.get(i, 0.0)}
-            rec.update({ph: ex.get(i, {}).get(ph, 0.0) for ph in PHASES})
+            rec.update({ph: ex.layers.get(i, {}).get(ph, 0.0) for ph in PHASES})
             layers.append(rec)
         fb = sum(fwd.values()) + sum(bwd.values())
         total = {ph: sum(r[ph] for r in layers) for ph in PHASES}
-        interval = max(1, getattr(self.exchange, "quantile_interval", 1) or 1)
         # Seed figures 5-6: the quantile pass runs every N iterations, so it is charged 1/N.
-        quantile = getattr(self.exchange, "last_quantile_seconds", total["quantile"]) / interval
+        quantile = ex.quantile_pass / max(1, ex.quantile_interval)
         split = {"ForwardBackward": fb, "D2H": total["d2h"],
                  "Communication": total["comm"] + total["encode"] + total["decode"],
                  "H2D": total["h2d"], "Quantile": quantile}
-        if getattr(self.exchange, "asynchronous", False):
+        if ex.asynchronous:
             # Overlapped: only the time the compute thread waited after backward is exposed; the
             # thread's copies are part of that wait (per-layer records keep their own times).
             split.update(Communication=wait_seconds, D2H=0.0, H2D=0.0)

@@ -7,10 +7,10 @@
 * reading timing logs (docs/timing_schema.json) and reducing them to iteration times;
 * the sweep itself, the CSV and the throughput/speedup plot of the seed's figure 7.
 
-Per-rank logs: ``caffe8 train --timing-log F`` opens F on every rank, so P ranks given one path
-overwrite each other's lines. The runs therefore use mpiexec's MPMD form,
+Per-rank logs: ``caffe8 train --timing-log F`` lets every rank append its own records to F. The
+runs give each rank its own file instead, with mpiexec's MPMD form,
 ``mpiexec -n 1 CMD --timing-log r0.jsonl : -n 1 CMD --timing-log r1.jsonl : ...``, which is one
-MPI job of P ranks (MPI_COMM_WORLD spans all colons) with one log file per rank.
+MPI job of P ranks (MPI_COMM_WORLD spans all colons), so a rank's records read back in order.
 """
 import csv
 import json
@@ -26,7 +26,7 @@ if REPO not in sys.path:
 from engine.errors import CaffeError  # noqa: E402  (after the path fix above)
 from engine.prototxt import parse_file, to_text  # noqa: E402
 
-# The engine registers codecs as fp32/fp16/fp8; the seed says float/half.
+# The codec registry (comm.codecs.CODECS) says fp32/fp16; the seed says float/half.
 CODEC_ALIASES = {"float": "fp32", "float32": "fp32", "half": "fp16", "float16": "fp16"}
 CSV_FIELDS = ("mode", "p", "codec", "async", "processes_per_node", "batch_per_process",
               "global_batch", "iterations", "mean_iter_s", "median_iter_s", "stat",

@@ -24,7 +24,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import numpy  # noqa: E402
 
 from comm.mpi import get_world, install_excepthook, mpi_module  # noqa: E402
-from comm.allreduce import create_allreduce  # noqa: E402
+from comm.allreduce import create_transport  # noqa: E402
 from comm.ops import padded_length, wire_op  # noqa: E402
 
 SUFFIX = {"K": 10 ** 3, "M": 10 ** 6, "G": 10 ** 9}
@@ -110,7 +110,7 @@ def schedules(world, names, ppn):
         if name == "mpi_rsag":
             out.append(MPIReduceScatterAllgather(world.comm))
         elif name != "hierarchical" or ppn:
-            out.append(create_allreduce(name, world.comm, ppn))
+            out.append(create_transport(name, world.comm, ppn))
     return out
 
 

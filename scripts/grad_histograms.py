@@ -30,7 +30,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import numpy  # noqa: E402
 
 from quantile_trace import REPO, make_trainer, probe_training, tracker_quantile  # noqa: E402
-from comm.codecs import FP8_MAX, create_codec  # noqa: E402
+from comm.codecs import create_codec  # noqa: E402
+from comm.config import parse_comm  # noqa: E402
+from comm.kernels import FP8_MAX  # noqa: E402
 from comm.quantile import QuantileTracker  # noqa: E402
 from engine import backend  # noqa: E402
 from engine.errors import CaffeError  # noqa: E402
@@ -72,7 +74,7 @@ def window_fractions(values, lo, hi):
 def collect(trainer, iterations, at, tensors, quantile, samples, epsilon, seed=0,
             bins_per_decade=4, ppn=1):
     """(histogram rows, window rows) at the iterations in ``at``."""
-    codec = create_codec("fp8", relative=True, epsilon=epsilon)
+    codec = create_codec("fp8", parse_comm(f"relative: true epsilon: {float(epsilon)!r}"))
     tracker = QuantileTracker(quantile, 1, samples, seed)
     hist, window = [], []
 

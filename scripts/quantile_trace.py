@@ -27,6 +27,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 from comm.codecs import create_codec  # noqa: E402
+from comm.config import parse_comm  # noqa: E402
 from comm.quantile import QuantileTracker  # noqa: E402
 from engine.errors import CaffeError  # noqa: E402
 
@@ -92,7 +93,8 @@ def tracker_quantile(tracker, key, d, iteration):
 def trace(trainer, iterations, interval, quantile, samples, epsilon, seed=0, relative=True,
           tensors=None):
     """[{iteration, tensor, elements, quantile}] every ``interval`` iterations (and the last)."""
-    codec = create_codec("fp8", relative=relative, epsilon=epsilon)
+    codec = create_codec("fp8", parse_comm(f"relative: {str(bool(relative)).lower()} "
+                                           f"epsilon: {float(epsilon)!r}"))
     tracker = QuantileTracker(quantile, max(1, interval), samples, seed)
     rows = []
 

@@ -334,17 +334,19 @@ def test_ratio_argument_checks():
 
 @pytest.mark.parametrize("rounding", ["nearest", "truncate"])
 def test_fp8_codec_relative_host_bits(path, rounding):
-    """Fp8Codec(relative=True) on host arrays, now through the fused kernels, gives the bits of
+    """The fp8 codec on host arrays, through the fused kernels of every path, gives the bits of
     the NumPy float32 sequence: D = g / (|W| + eps), fp8(D * scale); (v * inv_scale) * (|W| + eps)."""
-    from comm.codecs import Fp8Codec, TensorPlan
+    from comm.codecs import Tensor, create_codec
+    from comm.config import parse_comm
     rng = numpy.random.default_rng(8)
     shape = (37, 111)
     g = (rng.standard_normal(shape) * 1e-3).astype(numpy.float32)
     w = (rng.standard_normal(shape) * 0.1).astype(numpy.float32)
     w[0, :5] = 0.0
-    codec = Fp8Codec(relative=True, epsilon=1e-5, rounding=rounding, quantile_interval=1)
-    plan = TensorPlan(stages=(1, 1), parts=1, key="t", weight=w)
-    wire, ctx = codec.compress(g, plan)
+    codec = create_codec("fp8", parse_comm(f'rounding: "{rounding}" quantile_interval: 1'))
+    t = Tensor("t", w, 0, 1, (1, 1), lambda n, dtype: numpy.zeros(n, dtype))
+    codec.agree(t, codec.local_stat(g, t))
+    wire, ctx = codec.encode(g, t)
     q = codec.tracker.get("t")
     scale = numpy.float32(57344.0 / q)
     with numpy.errstate(over="ignore"):
@@ -352,13 +354,13 @@ def test_fp8_codec_relative_host_bits(path, rounding):
     ref = ref_encode(d * scale, rounding)
     assert numpy.array_equal(wire[:g.size], ref)
     out = numpy.empty(shape, numpy.float32)
-    codec.decompress(wire, ctx, out)
+    codec.decode(wire, ctx, out)
     inv = numpy.float32(q / 57344.0)
     expect = (ref.view(E5M2).astype(numpy.float32) * inv) \
         * (numpy.abs(w.ravel()) + numpy.float32(1e-5))
     assert numpy.array_equal(out.ravel().view(numpy.uint32), expect.view(numpy.uint32))
-    out64 = numpy.empty(shape, numpy.float64)                       # write_back route
-    codec.decompress(wire, ctx, out64)
+    out64 = numpy.empty(shape, numpy.float64)                       # through a temporary
+    codec.decode(wire, ctx, out64)
     assert numpy.array_equal(out64.ravel(), expect.astype(numpy.float64))
 
 

@@ -1,17 +1,17 @@
 """mpiexec -n 4 python prog_exchange.py
 
-Node communicators (emulated, shared-memory, uneven -> error on every rank), exchange_layer
-touching only its layer's tensors, the float32 warm-up iterations, and checksum_check.
+Node communicators (emulated, shared-memory, uneven -> error on every rank), one layer's
+future touching only its layer's tensors, the float32 warm-up iterations, repeatable fp8 bits,
+and the consistency check.
 """
-from types import SimpleNamespace
-
 import numpy
 
-from fakenet import FakeNet, make_tensors
+from fakenet import FakeNet, iterate, make_tensors
 from rankutil import start, done
 
 world = start()
-from comm.exchange import GradientExchange  # noqa: E402
+from comm.config import parse_comm  # noqa: E402
+from comm.exchange import Exchange  # noqa: E402
 from comm.mpi import node_comms  # noqa: E402
 from engine.errors import CaffeError  # noqa: E402
 
@@ -29,42 +29,41 @@ try:
 except CaffeError as err:
     assert "do not divide evenly" in str(err), err
 
-# exchange_layer(2) averages layer 2's two tensors and leaves the others alone
+# layer 2's future averages its two tensors and leaves the others alone
 grads, w = make_tensors(rank)
 net = FakeNet(grads, w)
-ex = GradientExchange(world, SimpleNamespace(codec="fp32", processes_per_node=2), net)
+ex = Exchange(world, parse_comm('codec: "fp32" processes_per_node: 2 async: false'), net)
 before = net.flat_diff.copy()
-ex.exchange_layer(2)
+ex.complete(ex.launch(2))
 touched = numpy.zeros(net.flat_diff.size, bool)
 for _, sl in net.layer_param_slices[2]:
     touched[sl] = True
 all_grads = numpy.mean([numpy.concatenate(make_tensors(r)[0]) for r in range(P)], axis=0)
 assert numpy.array_equal(net.flat_diff[~touched], before[~touched])
-ex.exchange_tensor(slice(5, 5))                   # an empty tensor is a no-op, not a hang
 assert numpy.allclose(net.flat_diff[touched], all_grads[touched], rtol=1e-6, atol=1e-7)
 
 # warm-up: iteration 0 is float32 (MPI_SUM: its summation order may change from call to call,
 # so compare with the mean at float32 precision), iteration 1 is fp8 (errors of 2^-3 scale)
 net = FakeNet(*make_tensors(rank))
-ex = GradientExchange(world, SimpleNamespace(codec="fp8", warmup_fp32_iters=1,
-                                             processes_per_node=2), net)
-ex.exchange_all()
+ex = Exchange(world, parse_comm('codec: "fp8" warmup_fp32_iters: 1 processes_per_node: 2'), net)
+iterate(ex, net)
 assert numpy.allclose(net.flat_diff, all_grads, rtol=1e-6, atol=1e-7), "warm-up is not float32"
 net.flat_diff[...] = FakeNet(*make_tensors(rank)).flat_diff
-ex.exchange_all()
+iterate(ex, net)
 err = numpy.abs(net.flat_diff - all_grads)
 assert ex.iteration == 2 and 1e-3 < err.max() < 0.25, err.max()
 # iteration 2 reuses the wire buffers (padding must still be zero) and the same q: the fixed
 # summation order makes it repeat iteration 1 bit for bit
 second = net.flat_diff.copy()
 net.flat_diff[...] = FakeNet(*make_tensors(rank)).flat_diff
-ex.exchange_all()
+iterate(ex, net)
 assert numpy.array_equal(net.flat_diff, second), "fp8 exchange is not repeatable"
 
-# checksum_check: all ranks agree, then rank 0 flips one weight and every rank sees it
-assert ex.checksum_check() is True
-assert ex.checksum_check([net.flat_data, net.flat_diff]) is True
+# consistency_check: all ranks agree, then rank 0 flips one weight and every rank sees it
+assert ex.consistency_check() is True
+assert ex.consistency_check([net.flat_data, net.flat_diff]) is True
 if rank == 0:
     net.flat_data[17] = numpy.nextafter(net.flat_data[17], numpy.float32(9))
-assert ex.checksum_check() is False
+assert ex.consistency_check() is False
+ex.close()
 done(world, "exchange")

@@ -12,8 +12,9 @@ import numpy
 from rankutil import fp8_add, from_fp8, random_fp8, ranks_agree, start, to_fp8, done
 
 world = start()
-from comm.allreduce import create_allreduce  # noqa: E402  (after start(): sys.path)
+from comm.allreduce import create_transport  # noqa: E402  (after start(): sys.path)
 from comm.codecs import Fp8Codec  # noqa: E402
+from comm.config import parse_comm  # noqa: E402
 from comm.ops import padded_length, wire_op  # noqa: E402
 
 P, rank, ppn = world.size, world.rank, int(sys.argv[1])
@@ -48,9 +49,9 @@ def simulate_ring():
 
 
 def check(name, ppn_arg, expected):
-    algo = create_allreduce(name, world.comm, ppn_arg)
+    algo = create_transport(name, world.comm, ppn_arg)
     buf = inputs[rank].copy()
-    codec = Fp8Codec()
+    codec = Fp8Codec(parse_comm())
     nodes = algo.stages[1]
     algo.sum(buf, wire, lambda piece: codec.between_stages(piece, SimpleNamespace(nodes=nodes)))
     assert ranks_agree(world, buf), f"{name}: ranks differ"

@@ -1,19 +1,19 @@
 """mpiexec -n P python prog_means.py PPN
 
-GradientExchange over every algorithm (flat, rsag, ring, hierarchical) and codec (fp32, fp16,
+The exchange over every transport (flat, rsag, ring, hierarchical) and codec (fp32, fp16,
 fp8 relative and direct) returns the mean gradient over all ranks: float32 within float
 rounding, half and fp8 within bounds derived from their rounding error; every rank identical.
 """
 import sys
-from types import SimpleNamespace
 
 import numpy
 
-from fakenet import FakeNet, make_tensors
+from fakenet import FakeNet, iterate, make_tensors
 from rankutil import ranks_agree, start, done
 
 world = start()
-from comm.exchange import GradientExchange  # noqa: E402
+from comm.config import parse_comm  # noqa: E402
+from comm.exchange import Exchange  # noqa: E402
 
 P, ppn = world.size, int(sys.argv[1])
 all_grads = [numpy.concatenate(make_tensors(r)[0]).astype(numpy.float64) for r in range(P)]
@@ -38,10 +38,10 @@ for algorithm in ("flat", "rsag", "ring", "hierarchical"):
     for codec, relative in (("fp32", False), ("fp16", False), ("fp8", True), ("fp8", False)):
         grads, w = make_tensors(world.rank)
         net = FakeNet(grads, w)
-        param = SimpleNamespace(codec=codec, relative=relative, algorithm=algorithm,
-                                processes_per_node=ppn)
-        ex = GradientExchange(world, param, net)
-        ex.exchange_all()
+        param = parse_comm(f'codec: "{codec}" relative: {str(relative).lower()} '
+                           f'algorithm: "{algorithm}" processes_per_node: {ppn}')
+        ex = Exchange(world, param, net)
+        iterate(ex, net)
         got = net.flat_diff.astype(numpy.float64)
         where = f"{algorithm}/{codec}/relative={relative}"
         assert ranks_agree(world, net.flat_diff), f"{where}: ranks differ"
@@ -56,5 +56,5 @@ for algorithm in ("flat", "rsag", "ring", "hierarchical"):
         assert rms < limit, f"{where}: relative RMS error {rms:.3g} >= {limit}"
         if world.rank == 0:
             print(f"{where}: max err {err.max():.3g}, relative RMS {rms:.3g}", flush=True)
-        ex.free()
+        ex.close()
 done(world, f"means P={P} ppn={ppn}")

@@ -5,16 +5,15 @@ smallest subnormal) come back finite and close to the mean, where encoding them 
 saturates or flushes to zero; every rank agrees on q even when each samples its own positions;
 q is refreshed only every quantile_interval iterations.
 """
-from types import SimpleNamespace
-
 import numpy
 
-from fakenet import FakeNet, make_tensors
+from fakenet import FakeNet, iterate, make_tensors
 from rankutil import from_fp8, ranks_agree, start, to_fp8, done
 
 world = start()
 from comm.codecs import Fp8Codec  # noqa: E402
-from comm.exchange import GradientExchange  # noqa: E402
+from comm.config import parse_comm  # noqa: E402
+from comm.exchange import Exchange  # noqa: E402
 
 P = world.size
 for scale in (1e6, 1e-9):
@@ -30,20 +29,19 @@ for scale in (1e6, 1e-9):
     for algorithm in ("hierarchical", "rsag"):
         grads, w = make_tensors(world.rank, scale)
         net = FakeNet(grads, w)
-        ex = GradientExchange(world, SimpleNamespace(codec="fp8", relative=False,
-                                                     algorithm=algorithm,
-                                                     processes_per_node=2), net)
-        ex.exchange_all()
+        ex = Exchange(world, parse_comm(f'codec: "fp8" relative: false algorithm: "{algorithm}" '
+                                        f'processes_per_node: 2'), net)
+        iterate(ex, net)
         got = net.flat_diff.astype(numpy.float64)
         assert numpy.all(numpy.isfinite(got)), f"{algorithm} scale {scale}: non-finite"
         assert ranks_agree(world, net.flat_diff)
         err = numpy.abs(got - mean)
         assert numpy.all(err <= 2.0 ** -3 * (P + 3) * mean_abs), (
             f"{algorithm} scale {scale}: max error {err.max():.3g}")
-        ex.free()
+        ex.close()
 
 # Every rank samples its own positions, yet the MAX-allreduce makes q identical.
-codec = Fp8Codec(quantile=0.95, quantile_interval=2, samples=64, seed=3, rank=world.rank,
+codec = Fp8Codec(parse_comm("quantile: 0.95 quantile_interval: 2 samples: 64"), world.rank,
                  shared_seed=False)
 d = numpy.random.default_rng([9, world.rank]).uniform(-1, 1, 10000).astype(numpy.float32)
 q0 = codec.tracker.update("t", d, world.comm)

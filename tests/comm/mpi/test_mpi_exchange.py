@@ -32,6 +32,23 @@ def test_node_comms_warmup_layer_exchange_and_checksum(mpirun):
     assert "exchange: OK" in mpirun("prog_exchange.py", 4)
 
 
+def test_async_and_sync_give_bit_identical_weights_for_every_codec(mpirun):
+    """4 ranks in 2 emulated nodes; every codec of the registry, including a layer whose hook
+    never came."""
+    out = mpirun("prog_async_sync.py", 4)
+    from comm.codecs import CODECS
+    assert all(f"{c}: async == sync" in out for c in CODECS) and "async == sync P=4: OK" in out
+
+
+def test_watchdog_warns_then_names_only_the_rank_that_stays_away(mpirun):
+    assert "watchdog: OK" in mpirun("prog_watchdog.py", 3)
+
+
+@pytest.mark.parametrize("codec", ["dettmers", "aps", "strom"])
+def test_gather_codecs_equal_rank_order_simulation_on_3_ranks(mpirun, codec):
+    assert f"{codec} on 3 ranks: OK" in mpirun("prog_codec_means.py", 3, codec)
+
+
 def test_datatype_user_ops_and_settings(mpirun):
     assert "ops: OK" in mpirun("prog_ops.py", 2)
 
@@ -67,13 +84,16 @@ def test_comm_works_without_mpi4py():
         "import numpy\n"
         "from types import SimpleNamespace\n"
         "import comm.mpi, comm.ops, comm.allreduce, comm.codecs, comm.quantile, comm.exchange\n"
+        "from comm.config import parse_comm, validate_comm\n"
         "w = comm.mpi.get_world()\n"
         "assert (w.rank, w.size, w.comm, w.is_mpi) == (0, 1, None, False)\n"
         "net = SimpleNamespace(flat_diff=numpy.arange(4, dtype=numpy.float32),\n"
-        "    flat_data=numpy.ones(4, numpy.float32), layer_param_slices={0: [(0, slice(0, 4))]})\n"
-        "ex = comm.exchange.GradientExchange(w, None, net)\n"
-        "ex.exchange_all()\n"
-        "assert net.flat_diff.tolist() == [0, 1, 2, 3] and ex.checksum_check()\n"
+        "    flat_data=numpy.ones(4, numpy.float32), layer_param_slices={0: [(0, slice(0, 4))]},\n"
+        "    layers=[SimpleNamespace(name='ip')])\n"
+        "c = validate_comm(parse_comm('codec: \"fp32\"'), 1)\n"
+        "ex = comm.exchange.Exchange(w, c, net)\n"
+        "ex.on_start(); ex.on_backward(0); ex.on_gradients_ready(); ex.close()\n"
+        "assert net.flat_diff.tolist() == [0, 1, 2, 3] and ex.consistency_check()\n"
         "print('no-mpi OK')\n")
     proc = _python(code)
     assert proc.returncode == 0 and "no-mpi OK" in proc.stdout, proc.stdout
@@ -95,52 +115,91 @@ def test_user_settings_win_over_ours():
     assert proc.stdout.split()[-1] == "0"
 
 
-# --- pieces that need no MPI ---------------------------------------------------------------------
-def test_padding():
-    from comm.ops import pad, padded_length
-    assert [padded_length(n, 16, 3) for n in (0, 1, 48, 49)] == [0, 48, 48, 96]
-    w = numpy.arange(1, 6, dtype=numpy.uint8)
-    out = pad(w, 16)
-    assert out.tolist() == list(range(1, 6)) + [0] * 11
-    assert pad(out, 16) is out
+def _pid_of_rank(marker, rank):
+    """PID of the rank process whose environment carries ``marker`` (set for this job only)."""
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                env = dict(v.split(b"=", 1) for v in f.read().split(b"\0") if b"=" in v)
+        except OSError:
+            continue
+        if env.get(b"CAFFE8_TEST_MARKER") == marker.encode() and \
+                env.get(b"PMI_RANK") == str(rank).encode():
+            return int(entry)
+    return None
 
 
-def test_registries_name_the_valid_choices():
-    from comm.allreduce import create_allreduce
-    from comm.codecs import create_codec
-    with pytest.raises(ValueError, match=r"Unrecognized allreduce algorithm: 'tree', valid: "
-                                         r"flat, hierarchical, ring, rsag"):
-        create_allreduce("tree", None)
-    with pytest.raises(ValueError, match=r"Unrecognized codec: 'int4', valid: .*fp16.*fp8"):
-        create_codec("int4")
-    with pytest.raises(ValueError, match="nearest, truncate"):
-        create_codec("fp8", rounding="up")
+def test_stalled_rank_is_named_and_the_job_ends(tmp_path):
+    """SIGSTOP rank 1 of a 2-process training with stall_timeout 20: rank 0 warns, then names
+    rank 1 and the job ends with an error, well within 50 s."""
+    import signal
+    pytest.importorskip("mpi4py")
+    if not os.path.isdir("/proc/self"):
+        pytest.skip("needs /proc to find the rank's process")
+    from engine.datasets import ensure_digits
+    from engine.prototxt import parse_file, to_text
+    ensure_digits(str(tmp_path / "data" / "digits"))
+    sp = parse_file(os.path.join(ROOT, "prototxt", "digits", "solver.prototxt"), "SolverParameter")
+    sp.net = os.path.join(ROOT, "prototxt", "digits", "train_val.prototxt")
+    sp.snapshot_prefix = str(tmp_path / "snap" / "digits")
+    sp.max_iter, sp.display, sp.test_interval, sp.snapshot = 1000000, 10, 0, 0
+    sp.snapshot_after_train = False
+    sp.comm.stall_timeout = 20
+    solver = tmp_path / "solver.prototxt"
+    solver.write_text(to_text(sp))
+    marker = f"stall-{os.getpid()}-{time.monotonic_ns()}"
+    env = dict(os.environ, PYTHONPATH=ROOT, CAFFE8_TEST_MARKER=marker)
+    cmd = [os.path.join(os.path.dirname(sys.executable), "mpiexec"), "-n", "2", sys.executable,
+           "-m", "caffe8.cli", "train", "--solver", str(solver)]
+    proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    stopped = None
+    try:
+        lines = []
+        for line in proc.stdout:
+            lines.append(line)
+            if "Iteration 20 (" in line:
+                break
+        stopped = _pid_of_rank(marker, 1)
+        assert stopped is not None, "".join(lines)[-2000:]
+        os.kill(stopped, signal.SIGSTOP)
+        t = time.monotonic()
+        out, _ = proc.communicate(timeout=50)
+        elapsed = time.monotonic() - t
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        if stopped is not None:
+            try:
+                os.kill(stopped, signal.SIGCONT)
+                os.kill(stopped, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    text = "".join(lines) + out
+    assert proc.returncode != 0, text[-3000:]
+    assert elapsed < 50
+    assert "[rank 0] warning: waiting" in text, text[-3000:]
+    assert "caffe8: error:" in text and "waiting for rank 1 does not answer" in text, text[-3000:]
 
 
-def test_sample_quantile_matches_numpy_and_is_seeded():
-    from comm.quantile import QuantileTracker, sample_quantile
-    x = numpy.random.default_rng(0).standard_normal(5000).astype(numpy.float32)
-    small = numpy.abs(x[:700])
-    assert sample_quantile(small, 0.95, 1024, numpy.random.default_rng(1)) == pytest.approx(
-        float(numpy.quantile(small.astype(numpy.float64), 0.95)), rel=0, abs=0)
-    idx = numpy.random.default_rng(4).integers(0, 5000, 1024)
-    expected = numpy.quantile(numpy.abs(x)[idx].astype(numpy.float64), 0.95)
-    assert sample_quantile(numpy.abs(x), 0.95, 1024, numpy.random.default_rng(4)) == expected
-    a, b = QuantileTracker(seed=3, rank=0), QuantileTracker(seed=3, rank=5)
-    assert a.update("k", x, None) == b.update("k", x, None)      # shared seed: same positions
-    c = QuantileTracker(seed=3, rank=5, shared_seed=False)
-    assert c.update("k", x, None) != a.values["k"]
-    assert QuantileTracker().update("z", numpy.zeros(10, numpy.float32), None) == 1.0
-    with pytest.raises(ValueError, match="comm.quantile"):
-        QuantileTracker(quantile=1.5)
-
-
-def test_settings_come_from_the_solvers_comm_block():
-    from engine import prototxt
-    from comm.exchange import _setting
-    solver = prototxt.parse_text('comm { codec: "fp16" processes_per_node: 2 }', "s.prototxt",
-                                 "SolverParameter")
-    got = [_setting(solver.comm, k) for k in ("codec", "processes_per_node", "relative",
-                                              "algorithm", "quantile", "warmup_fp32_iters")]
-    assert got == ["fp16", 2, True, "", pytest.approx(0.95), 0]
-    assert _setting(None, "codec") == "fp8"
+def test_bad_comm_block_fails_on_every_rank_with_its_location(tmp_path):
+    """processes_per_node 3 does not divide 2 processes: both ranks name the field, no hang."""
+    pytest.importorskip("mpi4py")
+    from engine.prototxt import parse_file, to_text
+    sp = parse_file(os.path.join(ROOT, "prototxt", "digits", "solver.prototxt"), "SolverParameter")
+    sp.net = os.path.join(ROOT, "prototxt", "digits", "train_val.prototxt")
+    sp.comm.processes_per_node = 3
+    text = to_text(sp)
+    line = next(i for i, l in enumerate(text.splitlines(), 1) if "processes_per_node" in l)
+    (tmp_path / "solver.prototxt").write_text(text)
+    env = dict(os.environ, PYTHONPATH=ROOT)
+    cmd = [os.path.join(os.path.dirname(sys.executable), "mpiexec"), "-n", "2", sys.executable,
+           "-m", "caffe8.cli", "train", "--solver", str(tmp_path / "solver.prototxt")]
+    r = subprocess.run(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                       stderr=subprocess.STDOUT, text=True, timeout=120)
+    errors = [l for l in r.stdout.splitlines() if l.startswith("caffe8: error:")]
+    assert r.returncode != 0 and len(errors) == 2, r.stdout[-3000:]
+    assert all(f"solver.prototxt:{line}:" in e and "'processes_per_node'" in e and
+               "does not divide the 2 process" in e for e in errors), errors

@@ -1,0 +1,41 @@
+"""mpiexec -n 3 python prog_watchdog.py
+
+Rank 2 stays away from a collective for 5 s; the watchdog of ranks 0 and 1 (timeout 2 s) warns
+at half of it, asks the others for their progress, hears from each other (both waiting in the
+same collective) but not from rank 2, and raises StallError naming rank 2 only. A collective
+that completes in time raises nothing.
+"""
+import time
+
+import numpy
+
+from rankutil import start, done
+
+world = start()
+from comm.watchdog import StallError, Watchdog  # noqa: E402
+
+rank = world.rank
+logged = []
+wd = Watchdog(world.comm, 2.0, log=logged.append, grace=1.5)
+wd.at(7, "layer 'conv1'")
+buf = numpy.array([rank], numpy.int64)
+wd.wait(world.comm.Iallreduce(buf.copy(), buf))                 # completes in time
+assert buf[0] == 3 and not logged, logged
+
+if rank == 2:
+    time.sleep(5.0)
+    world.comm.Ibarrier().Wait()         # (a nonblocking collective matches only its kind)
+else:
+    request = world.comm.Ibarrier()
+    try:
+        wd.wait(request)
+        raise AssertionError("the stalled collective returned")
+    except StallError as err:
+        text = str(err)
+        assert "rank 2 does not answer" in text, text
+        assert f"rank {1 - rank} " not in text, text         # the other waiter answered
+        assert "layer 'conv1'" in text and "iteration 7" in text, text
+        assert any("warning: waiting" in line for line in logged), logged
+        assert logged[-1].startswith(f"[rank {rank}] error: "), logged
+    request.Wait()
+done(world, "watchdog")

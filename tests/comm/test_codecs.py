@@ -1,0 +1,83 @@
+"""comm/codecs.py: one registry of six codecs; each codec's encode/decode on one process
+against closed forms or the pure pieces of comm/aps.py, dettmers.py, strom.py. (The fp8 codec's
+host bits on every kernel path: tests/comm/test_kernels.py.)"""
+import numpy
+import pytest
+
+from comm.codecs import CODECS, Tensor, create_codec
+from comm.config import parse_comm
+from engine.errors import CaffeError
+
+ALL = ["aps", "dettmers", "fp16", "fp32", "fp8", "strom"]
+
+
+def tensor(weight, key=(0, 1), iteration=0, processes=1, stages=(1, 1)):
+    """A Tensor whose buffer() is a zero-padded host array (padding 3 elements)."""
+    def buffer(n, dtype):
+        return numpy.zeros(n + 3, dtype)[:n]
+    return Tensor(key, weight, iteration, processes, stages, buffer)
+
+
+def round_trip(codec, grad, t):
+    """One process: encode, the reduction of one addend (itself), decode."""
+    stat = codec.local_stat(grad, t)
+    if stat is not None:
+        codec.agree(t, stat)
+    payload, ctx = codec.encode(grad, t)
+    out = numpy.empty_like(grad)
+    codec.decode(payload.copy() if codec.reduction == "sum" else [payload.copy()], ctx, out)
+    return out
+
+
+def test_registry_holds_all_six_codecs_and_names_them_in_the_error():
+    assert sorted(CODECS) == ALL
+    assert {c.reduction for c in CODECS.values()} == {"sum", "gather"}
+    with pytest.raises(CaffeError, match="Unrecognized codec: 'int4', valid: " + ", ".join(ALL)):
+        create_codec("int4", parse_comm())
+
+
+def test_fp32_is_the_identity_and_fp16_the_half_cast():
+    g = numpy.random.default_rng(1).standard_normal((13, 7)).astype(numpy.float32)
+    t = tensor(numpy.ones_like(g))
+    assert numpy.array_equal(round_trip(create_codec("fp32", parse_comm()), g, t), g)
+    half = round_trip(create_codec("fp16", parse_comm()), g, t)
+    assert numpy.array_equal(half, g.astype(numpy.float16).astype(numpy.float32))
+
+
+def test_fp8_quantile_is_agreed_only_when_due():
+    codec = create_codec("fp8", parse_comm("quantile_interval: 3"))
+    g = numpy.random.default_rng(2).standard_normal(500).astype(numpy.float32)
+    t = tensor(numpy.ones_like(g), iteration=0)
+    assert codec.local_stat(g, t) is not None
+    codec.agree(t, 0.0)                                    # an all-zero tensor: q = 1
+    assert codec.tracker.get(t.key) == 1.0
+    assert [codec.local_stat(g, tensor(g, iteration=i)) is None for i in (1, 2, 3)] == \
+        [True, True, False]
+
+
+def test_aps_dettmers_strom_one_process_equal_their_pure_round_trip():
+    from comm.aps import APSCodec, local_exponent
+    from comm.dettmers import DettmersCodec
+    from comm.strom import StromCodec
+    g = numpy.random.default_rng(3).standard_normal((6, 7)).astype(numpy.float32)
+    t = tensor(numpy.ones_like(g), key="k")
+    aps = round_trip(create_codec("aps", parse_comm('aps_format: "E4M3"')), g, t)
+    pure = APSCodec("E4M3")
+    assert numpy.array_equal(aps, pure.decompress(*pure.compress(g, local_exponent(g), 1)))
+    det = round_trip(create_codec("dettmers", parse_comm('dettmers_type: "linear"')), g, t)
+    pure = DettmersCodec("linear")
+    assert numpy.array_equal(det, pure.decompress(*pure.compress(g)))
+    codec = create_codec("strom", parse_comm("strom_tau: 0.5"))
+    twin = StromCodec(0.5)
+    for _ in range(2):                                     # the residual carries over
+        assert numpy.array_equal(round_trip(codec, g, t),
+                                 twin.decompress(*twin.compress(g, key="k")))
+    assert numpy.array_equal(codec.impl.residuals["k"], twin.residuals["k"])
+
+
+def test_fp8_state_round_trips():
+    codec = create_codec("fp8", parse_comm())
+    codec.tracker.values = {(0, 5): 0.25, (5, 9): 3.0}
+    other = create_codec("fp8", parse_comm())
+    other.restore(codec.state())
+    assert other.tracker.values == codec.tracker.values

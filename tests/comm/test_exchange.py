@@ -1,0 +1,116 @@
+"""comm/exchange.py on one process: the schedule of shared tensors, futures run on the
+communication thread in backward order, errors with the layer's name, the per-layer timing
+record, and on the GPU the same bits as on the CPU."""
+import threading
+
+import numpy
+import pytest
+
+from comm.config import parse_comm
+from comm.exchange import Exchange, build_schedule
+from engine import backend
+from engine.errors import CaffeError
+from engine.timing import PHASES
+from engine.world import SingleProcessWorld
+from tests.comm.mpi.fakenet import FakeNet, iterate, make_tensors
+
+
+def test_shared_tensor_goes_with_its_lowest_layer_and_empty_tensors_are_left_out():
+    s0, s1, s2 = slice(0, 4), slice(4, 6), slice(6, 9)
+    schedule = build_schedule({1: [(0, s0), (1, s1)], 3: [(0, s2)], 5: [(0, s0)],
+                               6: [(0, slice(9, 9))]})
+    assert schedule == {1: [s0, s1], 3: [s2]}
+
+
+def _exchange(monkeypatch, asynchronous, codec="fp32"):
+    net = FakeNet(*make_tensors(0))
+    ex = Exchange(SingleProcessWorld(), parse_comm(f'codec: "{codec}" async: '
+                                                   f'{str(asynchronous).lower()}'), net)
+    calls = []
+    complete = ex.complete
+
+    def recording(future):
+        calls.append((threading.current_thread().name, future.layer))
+        complete(future)
+    monkeypatch.setattr(ex, "complete", recording)
+    return net, ex, calls
+
+
+@pytest.mark.parametrize("asynchronous", [False, True])
+def test_every_layer_once_per_iteration_in_backward_order(monkeypatch, asynchronous):
+    net, ex, calls = _exchange(monkeypatch, asynchronous)
+    grads = net.flat_diff.copy()
+    for _ in range(2):
+        iterate(ex, net)
+    ex.close()
+    assert calls == 2 * [("caffe8-comm" if asynchronous else "MainThread", i) for i in (3, 2, 0)]
+    assert numpy.array_equal(net.flat_diff, grads)       # the mean over one process, exactly
+    assert ex.iteration == 2 and ex.timings.asynchronous is asynchronous
+    assert set(ex.timings.layers) == {0, 2, 3}
+    assert all(set(t) == set(PHASES) and min(t.values()) >= 0 for t in ex.timings.layers.values())
+    assert all(t["d2h"] == t["h2d"] == t["wait"] == 0.0 for t in ex.timings.layers.values())
+
+
+@pytest.mark.parametrize("asynchronous", [False, True])
+def test_a_layer_whose_hook_never_came_is_exchanged_before_the_update(monkeypatch, asynchronous):
+    net, ex, calls = _exchange(monkeypatch, asynchronous)
+    iterate(ex, net, layers=[3, 0])
+    ex.close()
+    assert [layer for _, layer in calls] == [3, 0, 2]
+
+
+def test_an_error_surfaces_with_the_layer_name_and_stops_the_exchange(monkeypatch):
+    net, ex, calls = _exchange(monkeypatch, True)
+
+    def broken(reduced, ctx, out):
+        raise RuntimeError("link down")
+    monkeypatch.setattr(ex.fp32, "decode", broken)
+    monkeypatch.setattr(ex.codec, "decode", broken)
+    with pytest.raises(CaffeError, match="layer 'layer3'.*link down"):
+        iterate(ex, net)
+    ex.close()
+    assert len(calls) == 1                                # no MPI traffic after the failure
+
+
+def test_quantile_pass_is_recorded_for_the_timing_log():
+    net = FakeNet(*make_tensors(0))
+    ex = Exchange(SingleProcessWorld(), parse_comm("quantile_interval: 3 async: false"), net)
+    iterate(ex, net)
+    first = ex.timings.quantile_pass
+    assert first > 0 and ex.timings.quantile_interval == 3
+    iterate(ex, net)                                      # no estimate: the last pass is kept
+    assert ex.timings.quantile_pass == first
+    assert all(t["quantile"] == 0.0 for t in ex.timings.layers.values())
+    state = ex.state()
+    assert state["iteration"] == 2 and len(state["quantiles"]) == 4
+    ex.close()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("codec", ["fp32", "fp16", "fp8", "aps", "dettmers", "strom"])
+@pytest.mark.parametrize("asynchronous", [False, True])
+def test_gpu_path_gives_the_bits_of_the_host_path(codec, asynchronous):
+    """Per-layer streams, pinned copies and device kernels: the same means as the host path."""
+    extra = " strom_tau: 0.05" if codec == "strom" else ""
+    text = f'codec: "{codec}" async: {str(asynchronous).lower()}{extra}'
+    results = []
+    for gpu in (False, True):
+        if gpu:
+            backend.use_gpu(0)
+        try:
+            net = FakeNet(*make_tensors(0))
+            if gpu:
+                net.flat_diff = backend.cupy.asarray(net.flat_diff)
+                net.flat_data = backend.cupy.asarray(net.flat_data)
+            ex = Exchange(SingleProcessWorld(), parse_comm(text), net)
+            for step in range(3):
+                net.flat_diff[...] = backend.to_device(
+                    numpy.concatenate(make_tensors(0, step=step)[0]), like=net.flat_diff)
+                iterate(ex, net)
+            backend.cupy.cuda.get_current_stream().synchronize() if gpu else None
+            assert all(t["d2h"] > 0 for t in ex.timings.layers.values()) or not gpu
+            ex.close()
+            results.append(backend.to_numpy(net.flat_diff))
+        finally:
+            backend.use_cpu()
+    assert numpy.array_equal(results[0], results[1])
