@@ -18,7 +18,7 @@ BAD = [
     ("quantile: 1.5", "quantile", r"\(0, 1\]"),
     ("samples: 0", "samples", ">= 1"),
     ("quantile_interval: 0", "quantile_interval", ">= 1"),
-    ('rounding: "up"', "rounding", "valid: nearest, truncate"),
+    ('rounding: "up"', "rounding", "valid: nearest, seed, truncate"),
     ('nonfinite: "ignore"', "nonfinite", "valid: skip, stop"),
     ('algorithm: "tree"', "algorithm", "valid: flat, hierarchical, ring, rsag"),
     ('codec: "aps" algorithm: "ring"', "algorithm", "reduces by gather, valid: gather"),

@@ -15,7 +15,8 @@ import numpy
 import pytest
 
 from comm import fp8, kernels
-from comm.codecs import Fp8Codec
+from comm.codecs import create_codec
+from comm.config import parse_comm
 from comm.ops import wire_op
 
 E5M2 = ml_dtypes.float8_e5m2
@@ -145,10 +146,10 @@ def test_wire_op_and_codec_choose_the_seed_sum():
     dst = B.copy()
     wire_op("fp8", "truncate").local_sum(A, dst)          # truncate is a conversion mode only
     assert numpy.array_equal(dst, nearest_add(A, B))
-    assert Fp8Codec(rounding="seed").wire.local_sum is seed.local_sum
-    assert Fp8Codec(rounding="nearest").wire.local_sum is nearest.local_sum
+    assert create_codec("fp8", parse_comm('rounding: "seed"')).wire.local_sum is seed.local_sum
+    assert create_codec("fp8", parse_comm('rounding: "nearest"')).wire.local_sum is nearest.local_sum
     with pytest.raises(ValueError, match="seed"):
-        Fp8Codec(rounding="stochastic")
+        create_codec("fp8", parse_comm('rounding: "stochastic"'))
 
 
 def test_self_check_covers_the_seed_sum(monkeypatch):

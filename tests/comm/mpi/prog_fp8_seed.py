@@ -14,8 +14,9 @@ import numpy
 from rankutil import done, ranks_agree, start
 
 world = start()
-from comm.allreduce import create_allreduce  # noqa: E402  (after start(): sys.path)
-from comm.codecs import Fp8Codec  # noqa: E402
+from comm.allreduce import create_transport  # noqa: E402  (after start(): sys.path)
+from comm.codecs import create_codec  # noqa: E402
+from comm.config import parse_comm  # noqa: E402
 from comm.ops import padded_length  # noqa: E402
 
 E5M2 = ml_dtypes.float8_e5m2
@@ -45,14 +46,14 @@ def random_finite(rng, n):
     return codes
 
 
-codec = Fp8Codec(rounding="seed")
+codec = create_codec("fp8", parse_comm('rounding: "seed"'))
 wire = codec.wire
 n = padded_length(16 * 41 * P + 7, wire.unit, P)
 inputs = [random_finite(numpy.random.default_rng([11, r]), n) for r in range(P)]
 
 # flat MPI_Allreduce with the op itself: ranks 0 and 1 contribute, the others send +0
 two = [inputs[0], inputs[1]] + [numpy.zeros(n, numpy.uint8)] * (P - 2)
-flat = create_allreduce("flat", world.comm, 0)
+flat = create_transport("flat", world.comm, 0)
 buf = two[rank].copy()
 flat.sum(buf, wire)
 expected = seed_add(inputs[1], inputs[0])
@@ -63,7 +64,7 @@ nearest = (decode(inputs[0]).astype(numpy.float64) + decode(inputs[1])).clip(-57
 assert (buf != nearest.astype(E5M2).view(numpy.uint8)).sum() > n // 10, "not the seed op"
 
 # rsag: ((x0 + x1) + x2) + x3 in the schedule's fixed order
-rsag = create_allreduce("rsag", world.comm, 0)
+rsag = create_transport("rsag", world.comm, 0)
 buf = inputs[rank].copy()
 rsag.sum(buf, wire)
 acc = inputs[0]
@@ -73,7 +74,7 @@ assert ranks_agree(world, buf), "rsag: ranks differ"
 assert numpy.array_equal(buf, acc), "rsag: differs from the reference"
 
 # hierarchical, 2 emulated nodes of 2: node sums, x 1/2 with the seed conversion, node sum
-hier = create_allreduce("hierarchical", world.comm, 2)
+hier = create_transport("hierarchical", world.comm, 2)
 buf = inputs[rank].copy()
 hier.sum(buf, wire, lambda piece: codec.between_stages(piece, SimpleNamespace(nodes=2)))
 half = [seed_convert(decode(seed_add(inputs[2 * k + 1], inputs[2 * k])) * numpy.float32(0.5))
