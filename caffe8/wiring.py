@@ -11,6 +11,10 @@ def register_all():
     """Import every package that registers layer types and solver types (idempotent)."""
     import layers  # noqa: F401  (each layer module registers its Caffe type string)
     import solvers  # noqa: F401  (each solver module registers its type)
+    import caffe8
+    from layers import python_layer
+    # Python layers written for pycaffe say `import caffe`: offer this package under that name
+    python_layer.MODULE_ALIASES.setdefault("caffe", caffe8)
 
 
 def make_exchange(world, comm_param, net):

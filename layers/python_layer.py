@@ -16,8 +16,14 @@ layer's learnable parameters. Then Caffe's calls, with caffe8 Blobs:
 A module or class that cannot be imported, a missing method, or an exception raised by the
 user's code becomes one LayerError naming the layer (with the original exception's text).
 ``share_in_parallel`` is accepted and has no effect: every caffe8 rank is its own process.
+
+Layers written for pycaffe begin with ``import caffe`` and subclass ``caffe.Layer``. When no
+module named ``caffe`` can be found, the names in :data:`MODULE_ALIASES` (filled by the ``caffe8``
+package: ``caffe`` → ``caffe8``) are put in ``sys.modules`` just before the user's module is
+imported, so such files run unchanged; a real pycaffe installation always wins.
 """
 import importlib
+import importlib.util
 import inspect
 import os
 import sys
@@ -29,6 +35,9 @@ from engine.errors import CaffeError
 from engine.layer import Layer, register_layer
 
 PHASES = {"TRAIN": 0, "TEST": 1}
+
+#: module name -> module offered to user layer modules when nothing else provides that name
+MODULE_ALIASES = {}
 
 
 class BlobList(list):
@@ -48,8 +57,15 @@ def _prototxt_folder(layer_param):
     return os.path.dirname(os.path.abspath(where)) if where and os.path.isfile(where) else None
 
 
+def _offer_aliases():
+    for alias, module in MODULE_ALIASES.items():
+        if alias not in sys.modules and importlib.util.find_spec(alias) is None:
+            sys.modules[alias] = module
+
+
 def _import_module(name, folder):
     """Import ``name`` with ``folder`` searched after the process's own sys.path."""
+    _offer_aliases()
     if folder is None or folder in sys.path:
         return importlib.import_module(name)
     sys.path.append(folder)
