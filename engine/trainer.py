@@ -239,7 +239,9 @@ class Trainer:
                 self.timing.begin_iteration()
             for cb in self.callbacks:
                 cb.on_start()
-            loss = sum(self._forward_backward(k == p.iter_size - 1) for k in range(p.iter_size)) / p.iter_size
+            # the passes' losses stay on the device; one host read per iteration
+            loss = sum(self._forward_backward(k == p.iter_size - 1) for k in range(p.iter_size))
+            loss = float(loss) / p.iter_size
             self._update_smoothed_loss(loss, start_iter)
             if p.display and self.iter % p.display == 0:
                 now = time.perf_counter()
@@ -269,7 +271,7 @@ class Trainer:
 
     def _forward_backward(self, last_pass):
         self._last_pass = last_pass
-        return self.net.forward_backward()
+        return self.net.forward_backward(as_float=False)
 
     def _consistency_check(self):
         """Every K iterations all ranks compare a checksum of their parameters (SPEC §6)."""
