@@ -76,11 +76,6 @@ CASES = [
     ("comm-unknown-field", "solver", _comm("codecs: 1"), True, "codecs"),
 ]
 
-# A case another engineer fixes on a branch not yet merged here (the codec name is checked
-# against the codec registry on the comm branch): expected to fail until it lands.
-PENDING = {("comm-codec-fp9", n): "the codec name is validated on the comm engineer's branch"
-           for n in (1, 2)}
-
 
 @pytest.fixture(scope="module")
 def base(tmp_path_factory):
@@ -123,9 +118,6 @@ def _params():
     for case in CASES:
         for processes in (1, 2):
             marks = [pytest.mark.mpi] if processes > 1 else []
-            reason = PENDING.get((case[0], processes))
-            if reason:
-                marks.append(pytest.mark.xfail(strict=False, reason=reason))
             yield pytest.param(case, processes, id=f"{case[0]}-{processes}p", marks=marks)
 
 
