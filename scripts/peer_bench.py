@@ -4,6 +4,7 @@
                                  [--threads 2] [--batch lenet=64] [--csv runs/peer_bench.csv]
     python scripts/peer_bench.py --gpu [--nets caffenet,googlenet,gru]
     python scripts/peer_bench.py --threads 1 --clock cpu     # on a busy machine
+    python scripts/peer_bench.py --isa avx2                  # PyTorch without AVX-512 kernels
 
 CPU nets: LeNet b64, CaffeNet b16, GoogLeNet b8 (``--batch NET=N`` overrides); GPU nets
 (``--gpu``, CuPy and CUDA): CaffeNet b256, GoogLeNet b128 and the GRU benchmark net. Each net
@@ -57,6 +58,9 @@ def parse_args(argv=None):
     p.add_argument("--threads", type=int, default=os.cpu_count())
     p.add_argument("--gpu", action="store_true")
     p.add_argument("--clock", choices=sorted(CLOCKS), default="wall")
+    p.add_argument("--isa", choices=("native", "avx2"), default="native",
+                   help="avx2: cap PyTorch's kernels at AVX2, for a like-for-like comparison "
+                        "where OPENBLAS_CORETYPE pins NumPy's BLAS to Haswell")
     p.add_argument("--csv", default=os.path.join("runs", "peer_bench.csv"))
     args = p.parse_args(argv)
     table = GPU_NETS if args.gpu else CPU_NETS
@@ -323,9 +327,15 @@ def main(argv=None):
         return 2
     for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
         os.environ[var] = str(args.threads)  # inherited by the workers before NumPy / torch load
+    if args.isa == "avx2":           # PyTorch's ATen and oneDNN kernels capped at AVX2
+        os.environ["ATEN_CPU_CAPABILITY"] = "avx2"
+        os.environ["ONEDNN_MAX_CPU_ISA"] = "AVX2"
+    coretype = os.environ.get("OPENBLAS_CORETYPE", "auto")
     rows = []
     for name in args.net_list:
-        print(f"{name} (batch {args.batches[name]}, {args.threads} threads):", flush=True)
+        print(f"{name} (batch {args.batches[name]}, {args.threads} threads, "
+              f"OPENBLAS_CORETYPE={coretype}, PyTorch ISA {args.isa}, {args.clock} clock):",
+              flush=True)
         rows += bench_one(name, args.batches[name], args, lambda s: print(s, flush=True))
     print(f"\n{'net':10s} {'batch':>5s} {'side':8s} {'forward':>10s} {'backward':>10s} "
           f"{'total':>10s} {'ratio':>6s}")

@@ -19,6 +19,19 @@
 
 #define C8L_ABI_VERSION 1
 
+/* Each kernel is compiled twice, for AVX2 and for the baseline, and the loader (an ifunc)
+ * picks one by CPU: the build itself carries no -march, so it runs on any x86-64.  Pooling's
+ * compare-and-select loops only vectorise with AVX2's blends (5 ms instead of 29 ms for
+ * CaffeNet's pool1 at batch 16, see docs/BENCHMARKS.md). */
+#if defined(__x86_64__) && defined(__linux__) && defined(__has_attribute)
+#if __has_attribute(target_clones)
+#define KERNEL __attribute__((target_clones("avx2", "default")))
+#endif
+#endif
+#ifndef KERNEL
+#define KERNEL
+#endif
+
 typedef ptrdiff_t idx;
 
 int c8l_abi_version(void) { return C8L_ABI_VERSION; }
@@ -42,7 +55,7 @@ static void valid_range(idx out, idx size, idx stride, idx pad, idx offset, idx 
 /* cols from x (N, C, H, W); zero where a window reads the padding.  Row r = (c, ki, kj) of     \
  * image i starts at cols + r * rs + i * is: rs = N*OH*OW, is = OH*OW gives (C, KH, KW, N, OH, OW) \
  * (one GEMM for a batch); rs = OH*OW, is = C*KH*KW*OH*OW gives (N, C, KH, KW, OH, OW). */       \
-void c8l_im2col_##SUF(const T *x, idx n, idx c, idx h, idx w, idx kh, idx kw, idx ph, idx pw,   \
+KERNEL void c8l_im2col_##SUF(const T *x, idx n, idx c, idx h, idx w, idx kh, idx kw, idx ph, idx pw,   \
                       idx sh, idx sw, idx dh, idx dw, idx oh, idx ow, idx rs, idx is, T *cols)  \
 {                                                                                                \
     idx rows = c * kh * kw;                                                                      \
@@ -73,7 +86,7 @@ void c8l_im2col_##SUF(const T *x, idx n, idx c, idx h, idx w, idx kh, idx kw, id
                                                                                                  \
 /* dx (N, C, H, W) = the adjoint of im2col applied to cols (strides rs, is as there):           \
  * overlapping windows add up (in kernel-offset order, as the NumPy path), padding is dropped. */ \
-void c8l_col2im_##SUF(const T *cols, idx n, idx c, idx h, idx w, idx kh, idx kw, idx ph,         \
+KERNEL void c8l_col2im_##SUF(const T *cols, idx n, idx c, idx h, idx w, idx kh, idx kw, idx ph,         \
                       idx pw, idx sh, idx sw, idx dh, idx dw, idx oh, idx ow, idx rs, idx is,    \
                       T *dx)                                                                     \
 {                                                                                                \
@@ -109,14 +122,14 @@ void c8l_col2im_##SUF(const T *cols, idx n, idx c, idx h, idx w, idx kh, idx kw,
  * row-major order wins; mask = its flat h*W + w index (-1 when nothing beats -FLT_MAX).         \
  * One output row at a time, window offsets outside, outputs inside: the same candidates in the  \
  * same order per output as Caffe's scan, but branch-free and vectorisable. */                   \
-void c8l_maxpool_fwd_##SUF(const T *x, idx planes, idx h, idx w, idx kh, idx kw, idx ph,         \
+KERNEL void c8l_maxpool_fwd_##SUF(const T *x, idx planes, idx h, idx w, idx kh, idx kw, idx ph,         \
                            idx pw, idx sh, idx sw, idx oh, idx ow, T *y, int32_t *mask)          \
 {                                                                                                \
     for (idx p = 0; p < planes; p++) {                                                           \
         const T *in = x + p * h * w;                                                             \
         for (idx py = 0; py < oh; py++) {                                                        \
-            T *best = y + (p * oh + py) * ow;                                                    \
-            int32_t *arg = mask + (p * oh + py) * ow;                                            \
+            T *restrict best = y + (p * oh + py) * ow;                                           \
+            int32_t *restrict arg = mask + (p * oh + py) * ow;                                   \
             for (idx px = 0; px < ow; px++) {                                                    \
                 best[px] = -(MAXV);                                                              \
                 arg[px] = -1;                                                                    \
@@ -128,7 +141,7 @@ void c8l_maxpool_fwd_##SUF(const T *x, idx planes, idx h, idx w, idx kh, idx kw,
                     idx lo, hi;                                                                  \
                     valid_range(ow, w, sw, pw, kj, &lo, &hi);                                    \
                     idx base = yy * w - pw + kj;                                                 \
-                    const T *row = in + base;                                                    \
+                    const T *restrict row = in + base;                                           \
                     for (idx px = lo; px < hi; px++) {                                           \
                         T v = row[px * sw];                                                      \
                         int gt = v > best[px];                                                   \
@@ -142,7 +155,7 @@ void c8l_maxpool_fwd_##SUF(const T *x, idx planes, idx h, idx w, idx kh, idx kw,
 }                                                                                                \
                                                                                                  \
 /* dx (P, H, W) = 0, then dy of every output added at its mask index. */                        \
-void c8l_maxpool_bwd_##SUF(const T *dy, const int32_t *mask, idx planes, idx h, idx w,           \
+KERNEL void c8l_maxpool_bwd_##SUF(const T *dy, const int32_t *mask, idx planes, idx h, idx w,           \
                            idx oh, idx ow, T *dx)                                                \
 {                                                                                                \
     for (idx p = 0; p < planes; p++) {                                                           \
@@ -157,7 +170,7 @@ void c8l_maxpool_bwd_##SUF(const T *dy, const int32_t *mask, idx planes, idx h, 
                                                                                                  \
 /* Caffe's AVE pooling: the divisor counts padding (window clipped to H + pad, W + pad) but not  \
  * the ceil-mode overhang; the sum runs over the window clipped to the image. */                 \
-void c8l_avepool_fwd_##SUF(const T *x, idx planes, idx h, idx w, idx kh, idx kw, idx ph,         \
+KERNEL void c8l_avepool_fwd_##SUF(const T *x, idx planes, idx h, idx w, idx kh, idx kw, idx ph,         \
                            idx pw, idx sh, idx sw, idx oh, idx ow, T *y)                         \
 {                                                                                                \
     for (idx p = 0; p < planes; p++) {                                                           \
@@ -183,7 +196,7 @@ void c8l_avepool_fwd_##SUF(const T *x, idx planes, idx h, idx w, idx kh, idx kw,
     }                                                                                            \
 }                                                                                                \
                                                                                                  \
-void c8l_avepool_bwd_##SUF(const T *dy, idx planes, idx h, idx w, idx kh, idx kw, idx ph,        \
+KERNEL void c8l_avepool_bwd_##SUF(const T *dy, idx planes, idx h, idx w, idx kh, idx kw, idx ph,        \
                            idx pw, idx sh, idx sw, idx oh, idx ow, T *dx)                        \
 {                                                                                                \
     for (idx p = 0; p < planes; p++) {                                                           \
@@ -224,7 +237,7 @@ static void lrn_window_##SUF(idx c, idx hw, idx size, const T *plane0, idx ch, T
                                                                                                  \
 /* ACROSS_CHANNELS LRN scale = k + a * window_sum(x^2) of x (N, C, HW); the power and the      \
  * product stay in NumPy, whose SIMD pow is faster than libm's.  sq: a (C*HW) scratch. */       \
-void c8l_lrn_scale_##SUF(const T *x, idx n, idx c, idx hw, idx size, T a, T k, T *scale, T *sq)  \
+KERNEL void c8l_lrn_scale_##SUF(const T *x, idx n, idx c, idx hw, idx size, T a, T k, T *scale, T *sq)  \
 {                                                                                                \
     for (idx im = 0; im < n; im++) {                                                             \
         const T *xi = x + im * c * hw;                                                           \
@@ -238,7 +251,7 @@ void c8l_lrn_scale_##SUF(const T *x, idx n, idx c, idx hw, idx size, T a, T k, T
 }                                                                                                \
                                                                                                  \
 /* dx = dy * scale^-beta - coeff * x * window_sum(dy * y / scale), coeff = 2 a beta. */          \
-void c8l_lrn_bwd_##SUF(const T *x, const T *y, const T *dy, const T *scale, const T *pw_in,      \
+KERNEL void c8l_lrn_bwd_##SUF(const T *x, const T *y, const T *dy, const T *scale, const T *pw_in,      \
                        idx n, idx c, idx hw, idx size, T coeff, T *dx, T *ratio)                 \
 {                                                                                                \
     for (idx im = 0; im < n; im++) {                                                             \
@@ -257,7 +270,7 @@ void c8l_lrn_bwd_##SUF(const T *x, const T *y, const T *dy, const T *scale, cons
                                                                                                  \
 /* Leaky ReLU: y = max(x, 0) + slope * min(x, 0) in one pass (in place allowed); NaN stays NaN \
  * as with Caffe's std::max. */                                                                  \
-void c8l_relu_fwd_##SUF(const T *x, idx count, T slope, T *y)                                    \
+KERNEL void c8l_relu_fwd_##SUF(const T *x, idx count, T slope, T *y)                                    \
 {                                                                                                \
     for (idx i = 0; i < count; i++) {                                                            \
         T v = x[i];                                                                              \
@@ -267,13 +280,13 @@ void c8l_relu_fwd_##SUF(const T *x, idx count, T slope, T *y)                   
                                                                                                  \
 /* Caffe's dx = dy * ((ref > 0) + slope * (ref <= 0)) in one pass (ref is x, or y when          \
  * slope >= 0); a product, not a select, so a NaN in dy propagates as in Caffe. */               \
-void c8l_relu_bwd_##SUF(const T *dy, const T *ref, idx count, T slope, T *dx)                    \
+KERNEL void c8l_relu_bwd_##SUF(const T *dy, const T *ref, idx count, T slope, T *dx)                    \
 {                                                                                                \
     for (idx i = 0; i < count; i++) dx[i] = dy[i] * (ref[i] > 0 ? (T)1 : slope);                 \
 }                                                                                                \
                                                                                                  \
 /* Dropout: mask = (u >= ratio) * scale, y = x * mask (u may alias mask; in place allowed). */   \
-void c8l_dropout_fwd_##SUF(const T *x, const T *u, idx count, T ratio, T scale, T *mask, T *y)   \
+KERNEL void c8l_dropout_fwd_##SUF(const T *x, const T *u, idx count, T ratio, T scale, T *mask, T *y)   \
 {                                                                                                \
     for (idx i = 0; i < count; i++) {                                                            \
         T m = u[i] >= ratio ? scale : 0;                                                         \
