@@ -6,7 +6,8 @@ Shapes: bottom ``(N, C, *spatial)``, weight ``(O, C/group, *kernel)``, bias ``(O
 The batch is processed in chunks so the column buffer stays under ``MAX_COL_ELEMENTS``.
 
 The arithmetic lives in ``ConvGeometry`` (forward, backward-data, weight gradient on plain arrays)
-so that Deconvolution, whose forward is convolution's backward-data, runs the same code.
+so that Deconvolution (also here), whose forward is convolution's backward-data, runs the same
+code.
 """
 import numpy
 
@@ -145,6 +146,77 @@ class ConvolutionLayer(Layer):
             if i < len(propagate_down) and propagate_down[i]:
                 geo.backward_data(t.diff, self.blobs[0].data, b.diff)
 
+
+
+def deconv_out_size(size, kernel, pad, stride, dilation):
+    """Caffe's Deconvolution output length: ``stride*(size-1) + dilation*(kernel-1) + 1 - 2*pad``."""
+    return stride * (size - 1) + dilation * (kernel - 1) + 1 - 2 * pad
+
+
+@register_layer("Deconvolution")
+class DeconvolutionLayer(ConvolutionLayer):
+    """Transposed convolution (Caffe's ``deconv_layer.cpp``), same ``convolution_param``.
+
+    Shapes: bottom ``(N, C, *spatial)``, weight ``(C, O/group, *kernel)``, bias ``(O,)``, top
+    ``(N, O, *out)``, ``out = stride*(in-1) + dilation*(k-1) + 1 - 2*pad``. It is the adjoint
+    of a convolution from ``(N, O, *out)`` to ``(N, C, *spatial)`` with the same weight: forward
+    is that convolution's backward-data, backward-data its forward, and the weight gradient its
+    weight gradient with the roles of input and output gradient swapped. ``ConvGeometry`` of
+    that convolution does all three.
+    """
+
+    def _make_params(self, p):
+        shape = (self.channels, self.num_output // self.group) + tuple(self.kernel)
+        self.make_param(shape, p.weight_filler)
+        if p.bias_term:
+            self.make_param((self.num_output,), p.bias_filler)
+
+    def reshape(self, bottom, top):
+        shape = bottom[0].shape
+        for b in bottom[1:]:
+            if b.shape != shape:
+                raise self.error(f"all bottoms must have the same shape; got {shape} and {b.shape}")
+        if len(shape) != self.num_spatial + 2 or shape[1] != self.channels:
+            raise self.error(f"input shape {shape} is incompatible with the deconvolution kernel "
+                             f"(expects {self.channels} channels and {self.num_spatial} spatial axes)")
+        out = [deconv_out_size(*a) for a in zip(shape[2:], self.kernel, self.pad, self.stride,
+                                                 self.dilation)]
+        if any(o < 1 for o in out):
+            raise self.error(f"output size {out} is not positive: pad {self.pad} is too large for "
+                             f"input {list(shape[2:])}, kernel {self.kernel}, stride {self.stride}")
+        self.out_spatial = tuple(out)
+        for t in top:
+            t.reshape((shape[0], self.num_output) + self.out_spatial)
+
+    def _geometry_for(self, shape):
+        """The ConvGeometry of the adjoint convolution, ``(N, O, *out) -> (N, C, *spatial)``."""
+        conv_in = (shape[0], self.num_output) + self.out_spatial
+        geo = getattr(self, "_geo", None)
+        if geo is None or geo.in_shape != conv_in:
+            geo = ConvGeometry(conv_in, self.channels, self.group, self.kernel, self.pad,
+                               self.stride, self.dilation)
+            self._geo = geo
+        return geo
+
+    def forward(self, bottom, top):
+        geo = self._geometry_for(bottom[0].shape)
+        bias = self.blobs[1].data if len(self.blobs) > 1 else None
+        for b, t in zip(bottom, top):
+            geo.backward_data(b.data, self.blobs[0].data, t.data)
+            if bias is not None:
+                add_channel_bias(t.data, bias)
+
+    def backward(self, top, propagate_down, bottom):
+        geo = self._geometry_for(bottom[0].shape)
+        want_w = self.param_propagate_down[0]
+        want_b = len(self.blobs) > 1 and self.param_propagate_down[1]
+        for i, (t, b) in enumerate(zip(top, bottom)):
+            if want_b:
+                self.blobs[1].diff += channel_sum(t.diff)
+            if want_w:
+                geo.weight_gradient(t.diff, b.data, self.blobs[0].diff)
+            if i < len(propagate_down) and propagate_down[i]:
+                geo.forward(t.diff, self.blobs[0].data, b.diff)
 
 def add_channel_bias(y, bias):
     """y (N, O, *spatial) += bias (O,) broadcast over batch and positions."""
