@@ -18,6 +18,11 @@ from layers.im2col import col2im, conv_out_size, im2col
 
 #: upper bound on im2col buffer elements per chunk (64 MiB of float32)
 MAX_COL_ELEMENTS = 1 << 24
+#: output positions per image from which one GEMM per image beats one GEMM per batch chunk: below
+#: it the per-image products are too small to keep BLAS's threads busy (LeNet's conv2, P = 64:
+#: 12.6 vs 2.5 ms at b64; GoogLeNet's 7x7 and 14x14 inception layers), above it the batch
+#: GEMM's operands outgrow the cache and need a transposing copy of the output
+PER_IMAGE_MIN_POSITIONS = 512
 
 
 def _per_axis(layer, param, name, h_name, w_name, num_spatial, default):
@@ -232,11 +237,11 @@ class ConvGeometry:
     """One convolution's shapes and reused buffers; the three products on plain arrays.
 
     ``in_shape`` ``(N, C, *spatial)``, weight ``(O, C/group, *kernel)``, output
-    ``(N, O, *out)``. On NumPy with two spatial axes the columns are laid out per image,
-    ``(n, group, K, P)`` (K = C/group * prod(kernel), P = prod(out)), so one batched matmul
-    (one BLAS call per image and group, no Python loop) writes each image's output in place;
-    otherwise (CuPy, other ranks) as ``im2col`` gives them, ``(group, K, n*P)``, one GEMM per
-    chunk. The weight gradient always uses the latter: its sum over images is then the inner
+    ``(N, O, *out)``. On NumPy with two spatial axes and at least ``PER_IMAGE_MIN_POSITIONS``
+    output positions the columns are laid out per image, ``(n, group, K, P)`` (K = C/group *
+    prod(kernel), P = prod(out)), so one batched matmul (one BLAS call per image and group, no
+    Python loop) writes each image's output in place; otherwise (small outputs, CuPy, other
+    ranks) as ``im2col`` gives them, ``(group, K, n*P)``, one GEMM per chunk. The weight gradient always uses the latter: its sum over images is then the inner
     dimension of a single GEMM instead of a reduction over per-image products.
     """
 
@@ -273,8 +278,10 @@ class ConvGeometry:
         step = max(1, MAX_COL_ELEMENTS // max(per_image, 1))
         return [(i, min(i + step, batch)) for i in range(0, batch, step)]
 
-    def _native(self, *arrays):
-        return len(self.kernel) == 2 and native.enabled_for(*arrays)
+    def _per_image(self, *arrays):
+        """Per-image GEMMs (C im2col in that layout) rather than one GEMM per chunk?"""
+        return len(self.kernel) == 2 and self.positions >= PER_IMAGE_MIN_POSITIONS and \
+            native.enabled_for(*arrays)
 
     @property
     def pointwise(self):
@@ -302,7 +309,7 @@ class ConvGeometry:
         og = self.num_output // self.group
         for lo, hi in self._chunks(x.shape[0]):
             n = hi - lo
-            if self._native(x, y):
+            if self._per_image(x, y):
                 shape = (n, self.group, self.k_group, self.positions)
                 if self.pointwise:
                     cols = x[lo:hi].reshape(shape)
@@ -324,7 +331,7 @@ class ConvGeometry:
         og = self.num_output // self.group
         for lo, hi in self._chunks(dy.shape[0]):
             n = hi - lo
-            if self._native(dy, dx):
+            if self._per_image(dy, dx):
                 shape = (n, self.group, self.k_group, self.positions)
                 dyg = dy[lo:hi].reshape(n, self.group, og, self.positions)
                 if self.pointwise:

@@ -285,3 +285,24 @@ def test_forward_matches_direct_loops_on_both_paths(shape, body, stride, pad, di
 @pytest.mark.parametrize("shape,body", [(c[0], c[1]) for c in DECONV_CASES])
 def test_deconv_cupy_matches_numpy(shape, body):
     gpu_matches_cpu(deconv_text(body), [RNG.standard_normal(shape).astype(numpy.float32)])
+
+
+@pytest.mark.parametrize("shape,body,stride,pad,dilation,group", CASES[:5])
+def test_per_image_gemm_layout(shape, body, stride, pad, dilation, group, monkeypatch):
+    """Forced per-image GEMMs (the layout large outputs take) against direct loops and gradients."""
+    monkeypatch.setattr(conv_module, "PER_IMAGE_MIN_POSITIONS", 1)
+    x = RNG.standard_normal(shape)
+    layer, bottom, top = build(conv_text(body), [x])
+    set_params(layer)
+    b = layer.blobs[1].data if len(layer.blobs) > 1 else None
+    expected = naive.conv_forward(x, layer.blobs[0].data, b, stride, pad, dilation, group)
+    (got,) = forward(layer, bottom, top)
+    numpy.testing.assert_allclose(got, expected, rtol=1e-12, atol=1e-12)
+    check_layer_gradient(layer, bottom, top, setup=False)
+    d_layer, d_bottom, d_top = build(deconv_text(body), [x])
+    set_params(d_layer)
+    b = d_layer.blobs[1].data if len(d_layer.blobs) > 1 else None
+    (got,) = forward(d_layer, d_bottom, d_top)
+    numpy.testing.assert_allclose(got, naive_deconv(x, d_layer.blobs[0].data, b, stride, pad,
+                                                    dilation, group), rtol=1e-12, atol=1e-12)
+    check_layer_gradient(d_layer, d_bottom, d_top, setup=False)
