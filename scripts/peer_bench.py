@@ -5,6 +5,7 @@
     python scripts/peer_bench.py --gpu [--nets caffenet,googlenet,gru]
     python scripts/peer_bench.py --threads 1 --clock cpu     # on a busy machine
     python scripts/peer_bench.py --isa avx2                  # PyTorch without AVX-512 kernels
+    python scripts/peer_bench.py --emit runs/bench_nets      # the nets, for `caffe8 time`
 
 CPU nets: LeNet b64, CaffeNet b16, GoogLeNet b8 (``--batch NET=N`` overrides); GPU nets
 (``--gpu``, CuPy and CUDA): CaffeNet b256, GoogLeNet b128 and the GRU benchmark net. Each net
@@ -62,6 +63,9 @@ def parse_args(argv=None):
                    help="avx2: cap PyTorch's kernels at AVX2, for a like-for-like comparison "
                         "where OPENBLAS_CORETYPE pins NumPy's BLAS to Haswell")
     p.add_argument("--csv", default=os.path.join("runs", "peer_bench.csv"))
+    p.add_argument("--emit", metavar="DIR",
+                   help="only write each net's benchmark prototxt (NET_bBATCH.prototxt, for "
+                        "`caffe8 time`) into DIR")
     args = p.parse_args(argv)
     table = GPU_NETS if args.gpu else CPU_NETS
     args.net_list = args.nets.split(",") if args.nets else list(table)
@@ -319,8 +323,23 @@ def _expect_ready(side, conn):
     return batch_size
 
 
+def emit_prototxts(args):
+    """Write the benchmark nets as prototxt files (the DummyData versions ``caffe8 time`` reads)."""
+    sys.path.insert(0, ROOT)
+    from engine.prototxt import to_text
+    os.makedirs(args.emit, exist_ok=True)
+    for name in args.net_list:
+        path = os.path.join(args.emit, f"{name}_b{args.batches[name]}.prototxt")
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(to_text(benchmark_net_param(name, args.batches[name])))
+        print(path)
+    return 0
+
+
 def main(argv=None):
     args = parse_args(argv)
+    if args.emit:
+        return emit_prototxts(args)
     import importlib.util
     if importlib.util.find_spec("torch") is None:
         print("peer_bench: PyTorch is not installed; nothing to compare against", file=sys.stderr)

@@ -24,6 +24,14 @@ def test_benchmark_net_swaps_data_for_dummy_data():
     assert shapes == [[3, 3, 227, 227], [3]]
 
 
+def test_emit_writes_prototxts_that_build(tmp_path):
+    from engine.net import Net
+    import layers  # noqa: F401
+    assert peer_bench.main(["--nets", "lenet", "--batch", "lenet=3", "--emit", str(tmp_path)]) == 0
+    net = Net(str(tmp_path / "lenet_b3.prototxt"), phase="TRAIN")
+    assert net.blobs["data"].shape == (3, 1, 28, 28)
+
+
 def test_unknown_net_is_refused():
     with pytest.raises(SystemExit):
         peer_bench.parse_args(["--nets", "alexnet"])
