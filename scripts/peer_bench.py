@@ -6,6 +6,7 @@
     python scripts/peer_bench.py --threads 1 --clock cpu     # on a busy machine
     python scripts/peer_bench.py --isa avx2                  # PyTorch without AVX-512 kernels
     python scripts/peer_bench.py --emit runs/bench_nets      # the nets, for `caffe8 time`
+    python scripts/peer_bench.py --profile --threads 1 --clock cpu --iters 3   # caffe8 per layer
 
 CPU nets: LeNet b64, CaffeNet b16, GoogLeNet b8 (``--batch NET=N`` overrides); GPU nets
 (``--gpu``, CuPy and CUDA): CaffeNet b256, GoogLeNet b128 and the GRU benchmark net. Each net
@@ -63,6 +64,11 @@ def parse_args(argv=None):
                    help="avx2: cap PyTorch's kernels at AVX2, for a like-for-like comparison "
                         "where OPENBLAS_CORETYPE pins NumPy's BLAS to Haswell")
     p.add_argument("--csv", default=os.path.join("runs", "peer_bench.csv"))
+    p.add_argument("--layers", action="store_true", help="with --profile: every layer, too")
+    p.add_argument("--profile", action="store_true",
+                   help="only caffe8, in this process: per-layer and per-type forward/backward "
+                        "ms over --iters iterations (the engine and layers first on sys.path, so "
+                        "PYTHONPATH=<another checkout> profiles that code)")
     p.add_argument("--emit", metavar="DIR",
                    help="only write each net's benchmark prototxt (NET_bBATCH.prototxt, for "
                         "`caffe8 time`) into DIR")
@@ -336,10 +342,60 @@ def emit_prototxts(args):
     return 0
 
 
+def profile(args):
+    """Per-layer times of caffe8 alone (the loop of ``caffe8 time``, data layers left out)."""
+    for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS"):
+        os.environ[var] = str(args.threads)
+    sys.path.append(ROOT)                # after PYTHONPATH: another checkout's code may come first
+    from engine import backend
+    from engine.net import Net
+    import layers  # noqa: F401
+    clock = CLOCKS[args.clock]
+    for name in args.net_list:
+        backend.seed(1)
+        net = Net(benchmark_net_param(name, args.batches[name]), phase="TRAIN")
+        net.forward()
+        net.backward()
+        n = len(net.layers)
+        fwd, bwd = [0.0] * n, [0.0] * n
+        for _ in range(args.iters):
+            for i, layer in enumerate(net.layers):
+                if not layer.is_data:
+                    t = clock()
+                    layer.reshape(net.bottom_vecs[i], net.top_vecs[i])
+                    layer.forward(net.bottom_vecs[i], net.top_vecs[i])
+                    fwd[i] += clock() - t
+            for i in reversed(range(n)):
+                if not net.layers[i].is_data and net.layer_need_backward[i]:
+                    t = clock()
+                    net.layers[i].backward(net.top_vecs[i], net.bottom_need_backward[i],
+                                           net.bottom_vecs[i])
+                    bwd[i] += clock() - t
+        scale = 1000.0 / args.iters
+        print(f"{name} b{args.batches[name]} ({args.threads} threads, {args.clock} clock, "
+              f"{args.iters} iterations, code from {os.path.dirname(os.path.dirname(layers.__file__))})")
+        by_type = {}
+        for i, layer in enumerate(net.layers):
+            f, b = fwd[i] * scale, bwd[i] * scale
+            if args.layers:
+                print(f"  {layer.name:28s} {layer.type:16s} {f:9.2f} {b:9.2f}")
+            t = by_type.setdefault(layer.type, [0.0, 0.0])
+            t[0] += f
+            t[1] += b
+        print(f"  {'type':16s} {'forward':>9s} {'backward':>9s}")
+        for kind, (f, b) in sorted(by_type.items(), key=lambda kv: -sum(kv[1])):
+            print(f"  {kind:16s} {f:9.2f} {b:9.2f}")
+        print(f"  {'total':16s} {sum(fwd) * scale:9.2f} {sum(bwd) * scale:9.2f}   "
+              f"= {(sum(fwd) + sum(bwd)) * scale:.2f} ms")
+    return 0
+
+
 def main(argv=None):
     args = parse_args(argv)
     if args.emit:
         return emit_prototxts(args)
+    if args.profile:
+        return profile(args)
     import importlib.util
     if importlib.util.find_spec("torch") is None:
         print("peer_bench: PyTorch is not installed; nothing to compare against", file=sys.stderr)

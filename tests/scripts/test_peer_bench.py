@@ -32,6 +32,16 @@ def test_emit_writes_prototxts_that_build(tmp_path):
     assert net.blobs["data"].shape == (3, 1, 28, 28)
 
 
+def test_profile_lists_every_layer_type_and_the_total(capsys):
+    assert peer_bench.main(["--nets", "lenet", "--batch", "lenet=2", "--profile", "--layers",
+                            "--iters", "1", "--threads", "1"]) == 0
+    out = capsys.readouterr().out
+    for name in ("conv1", "pool2", "ip1", "loss", "Convolution", "Pooling", "InnerProduct"):
+        assert name in out
+    total = [line for line in out.splitlines() if line.strip().startswith("total")][0]
+    assert float(total.split("=")[1].split()[0]) > 0
+
+
 def test_unknown_net_is_refused():
     with pytest.raises(SystemExit):
         peer_bench.parse_args(["--nets", "alexnet"])
