@@ -79,27 +79,24 @@ def use_native(flag):
     _enabled = bool(flag)
 
 
-def _kernel(name, *arrays):
-    """The C function for ``arrays`` (same float dtype, NumPy, C-contiguous), or None."""
+def enabled_for(*arrays):
+    """True when the C kernels run on ``arrays``: NumPy, one float dtype, C-contiguous."""
     if not _enabled:
-        return None
+        return False
     if not _loaded:
         _load()
-    if _lib is None:
-        return None
+    if _lib is None or arrays[0].dtype not in _SUFFIX:
+        return False
     dtype = arrays[0].dtype
-    suffix = _SUFFIX.get(dtype)
-    if suffix is None:
+    return all(type(a) is numpy.ndarray and a.dtype == dtype and a.flags.c_contiguous
+               for a in arrays)
+
+
+def _kernel(name, *arrays):
+    """The C function ``name`` for ``arrays``, or None when ``enabled_for`` says no."""
+    if not enabled_for(*arrays):
         return None
-    for a in arrays:
-        if type(a) is not numpy.ndarray or a.dtype != dtype or not a.flags.c_contiguous:
-            return None
-    return getattr(_lib, f"c8l_{name}_{suffix}")
-
-
-def enabled_for(*arrays):
-    """True when the C kernels would run on ``arrays``."""
-    return _kernel("relu_fwd", *arrays) is not None
+    return getattr(_lib, f"c8l_{name}_{_SUFFIX[arrays[0].dtype]}")
 
 
 def _ptr(a):

@@ -8,8 +8,9 @@
  *
  * All arrays are C-contiguous.  Sizes are int64 (ptrdiff_t).  The kernels are single-threaded on
  * purpose: the GEMMs between them run on NumPy's multithreaded BLAS, whose worker threads
- * busy-wait after each call, and an OpenMP team on the same cores measured slower (see
- * docs/BENCHMARKS.md), not faster.
+ * busy-wait after each call, and an OpenMP team over the outer loops on the same two cores made
+ * whole nets several times slower (LeNet b64: 1180 ms, PyTorch 78 ms in the same loaded run; see
+ * docs/BENCHMARKS.md).
  */
 #include <float.h>
 #include <math.h>
