@@ -175,8 +175,8 @@ class Fp8Codec(Codec):
 
     def __init__(self, relative=True, epsilon=1e-5, rounding="nearest", quantile=0.95,
                  quantile_interval=100, samples=1024, seed=0, rank=0, shared_seed=True, **_):
-        if rounding not in ("nearest", "truncate"):
-            raise ValueError(f"comm.rounding: {rounding!r}, valid: nearest, truncate")
+        if rounding not in ("nearest", "truncate", "seed"):
+            raise ValueError(f"comm.rounding: {rounding!r}, valid: nearest, truncate, seed")
         self.relative, self.epsilon, self.rounding = relative, epsilon, rounding
         self.tracker = QuantileTracker(quantile, quantile_interval, samples, seed, rank,
                                        shared_seed)
@@ -185,6 +185,11 @@ class Fp8Codec(Codec):
     def quantile_interval(self):
         """N: iterations between two estimates of q (the trainer logs quantile time over N)."""
         return self.tracker.interval
+
+    @property
+    def wire(self):
+        # rounding "seed" also sums as Oyama et al.'s Algorithm 2 (the op truncates)
+        return wire_op(self.wire_name, self.rounding)
 
     def ratio(self, grad, weight):
         """D = grad / (|W| + eps) (elementwise, on grad's device), or grad when not relative."""

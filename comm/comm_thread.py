@@ -1,10 +1,10 @@
-"""Per-layer gradient exchange, synchronous or on a communication thread (SPEC §3.6).
+"""Per-layer gradient exchange, synchronous or on a communication thread.
 
-``LayerwiseExchange`` wraps a ``GradientExchange``. In asynchronous mode one communication
-thread owns all MPI traffic during backward: the Net's backward hook hands it each layer's
-tensors the moment that layer's backward is done, and the compute thread goes on with the
-previous layer; ``exchange_all()`` (the solver's "gradients ready") waits until every layer is
-through. Only that thread calls MPI while backward runs, which is what MPI_THREAD_SERIALIZED
+``LayerwiseExchange`` wraps a ``GradientExchange`` and attaches to training as a solver callback
+(``engine.callbacks``). In asynchronous mode one communication thread owns all MPI traffic
+during backward: ``on_backward`` hands it each layer's tensors the moment that layer's backward
+is done, and the compute thread goes on with the previous layer; ``on_gradients_ready`` waits
+until every layer is through. Only that thread calls MPI while backward runs, which is what MPI_THREAD_SERIALIZED
 permits. Each tensor is exchanged independently of the others, so the asynchronous and
 synchronous orders give bit-identical results.
 
@@ -15,6 +15,7 @@ import queue
 import threading
 
 from engine import backend
+from engine.callbacks import SolverCallback
 from engine.errors import CaffeError
 
 
@@ -30,7 +31,7 @@ def build_schedule(layer_param_slices):
     return schedule
 
 
-class LayerwiseExchange:
+class LayerwiseExchange(SolverCallback):
     """Drives ``exchange.exchange_tensor`` per layer; records per-layer communication times.
 
     ``timings``: {layer index: {"encode"|"quantile"|"comm"|"decode": seconds}} of the last
@@ -44,31 +45,26 @@ class LayerwiseExchange:
         self.schedule = build_schedule(net.layer_param_slices)
         self.timings = {}
         self.last_quantile_seconds = 0.0
-        self._armed = False
         self._error = None
         self.quantile_interval = getattr(exchange.codec, "quantile_interval", 1)
         if self.asynchronous:
             self._queue = queue.Queue()
             self._thread = threading.Thread(target=self._run, name="caffe8-comm", daemon=True)
             self._thread.start()
-            net.add_backward_hook(self._on_backward)
 
     # --- compute-thread side -------------------------------------------------------------------
-    def begin_pass(self, last):
-        """Called before each forward/backward pass; only the last of iter_size is exchanged."""
-        self._armed = self.asynchronous and last
-        if last:
-            self.timings = {}
+    def on_start(self):
+        self.timings = {}
 
-    def _on_backward(self, layer_index, layer):
-        if self._armed and layer_index in self.schedule:
+    def on_backward(self, layer_index):
+        """The layer's gradients are final for this iteration: queue its exchange (async)."""
+        if self.asynchronous and layer_index in self.schedule:
             self._queue.put(layer_index)
 
-    def exchange_all(self):
-        """Gradients ready: wait for (async) or run (sync) every layer's exchange."""
+    def on_gradients_ready(self):
+        """Wait for (async) or run (sync) every layer's exchange."""
         if self.asynchronous:
             self._queue.join()
-            self._armed = False
             if self._error is not None:
                 index, exc = self._error
                 self._error = None
@@ -104,7 +100,7 @@ class LayerwiseExchange:
             finally:
                 self._queue.task_done()
 
-    def checksum_check(self):
+    def consistency_check(self):
         return self.exchange.checksum_check()
 
     def close(self):

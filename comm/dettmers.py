@@ -28,6 +28,14 @@ normalised to [-1, 1]):
 The seed's worked example ("0.2345678 approximated as 0.236719 instead of 0.23125 or 0.2") does
 not follow from any equal-width bisection of (0.1, 1) we could derive, so the midpoint
 construction above is the definition used here (docs/dettmers_table2.md).
+
+Rounding: ``Table.encode(x)`` picks the nearest value; ``Table.encode(x, rounding="seed")`` does
+what Dettmers' GPU kernel does instead (the binary search of "8-bit approximations for
+parallelism", section 3.2, in the form of the author's published kernel): a fixed number of
+halving steps over the sorted magnitudes, then a choice between the last pivot and the last
+pivot known to lie below |x|. The neighbour above |x| is never compared once the search has moved
+up, so for about a quarter of uniform inputs the result is the second nearest value (even a
+value equal to a pivot can come back as its neighbour: equality sends the search down).
 """
 import numpy
 
@@ -90,17 +98,61 @@ class Table:
             self._on[key] = (xp.asarray(self.midpoints), xp.asarray(self.values, xp.float32))
         return self._on[key]
 
-    def encode(self, x):
-        """Float array → uint8 codes (indices of the nearest table value), same shape."""
+    def encode(self, x, rounding="nearest"):
+        """Float array → uint8 codes (indices of the nearest table value), same shape.
+
+        ``rounding="seed"``: the index the paper's binary search returns (module docstring).
+        """
         xp = backend.get_array_module(x)
+        if rounding == "seed":
+            return self._encode_seed(xp.asarray(x, xp.float64), xp)
+        if rounding != "nearest":
+            raise ValueError(f"comm.dettmers: rounding must be 'nearest' or 'seed', "
+                             f"got {rounding!r}")
         mids, _ = self.on(xp)
         return xp.searchsorted(mids, xp.asarray(x, xp.float64), side="left").astype(xp.uint8)
+
+    def _encode_seed(self, x, xp):
+        # Magnitudes searched in the non-negative values of the sign's side; the chosen
+        # magnitude is in the table with that sign, so the final searchsorted is exact.
+        values = xp.asarray(self.values)
+        out = xp.empty(x.shape, xp.float64)
+        neg = x < 0
+        for side, sign in ((~neg, 1.0), (neg, -1.0)):
+            mags = xp.sort(sign * values[sign * values >= 0])
+            out[side] = sign * bisection_search(mags, xp.abs(x[side]), xp)
+        return xp.searchsorted(values, out).astype(xp.uint8)
 
     def decode(self, codes):
         """uint8 codes → float32 table values, same shape."""
         xp = backend.get_array_module(codes)
         _, values = self.on(xp)
         return values[codes.astype(xp.intp)]
+
+
+def bisection_search(table, x, xp=numpy):
+    """The value of sorted ``table`` (ascending, float64) that Dettmers' kernel picks for each
+    |x| in ``x``: pivots halve a power-of-two range (the table padded with +inf), the search
+    tracks the last pivot below x (``lower``) and above or at x (``upper``); after the last step it
+    compares the final pivot only with ``lower`` (or, if it never moved up, with ``upper``)."""
+    m = int(table.shape[0])
+    k = max(1, int(m).bit_length())              # 2**k - 1 >= m: every index reachable
+    t = xp.concatenate([table, xp.full((1 << k) - m, xp.inf)])
+    pivot = xp.full(x.shape, (1 << (k - 1)) - 1, xp.int64)
+    lower = xp.zeros(x.shape, xp.int64)
+    upper = xp.full(x.shape, m - 1, xp.int64)
+    step = 1 << (k - 2) if k >= 2 else 0
+    while step:
+        up = x > t[pivot]
+        lower = xp.where(up, pivot, lower)
+        upper = xp.where(up, upper, pivot)
+        pivot = pivot + xp.where(up, step, -step)
+        step >>= 1
+    tp = t[pivot]
+    with numpy.errstate(invalid="ignore"):       # inf - inf never chosen
+        pick_from_upper = xp.where(xp.abs(tp - x) < t[upper] - x, pivot, upper)
+        pick_from_lower = xp.where(tp - x < xp.abs(t[lower] - x), pivot, lower)
+    return t[xp.where(lower == pivot, pick_from_upper, pick_from_lower)]
 
 
 def peak_scale(x):

@@ -11,6 +11,11 @@ included; identical to ml_dtypes' float32 -> float8_e5m2 cast below the overflow
 ``"truncate"`` is the seed's conversion (CUDA's float -> half, nearest even, then keep the upper
 byte). Both saturate: |x| beyond 57344 and ±inf give ±57344, never inf — including values that
 float16 itself rounds to inf (|x| >= 65520) under ``"truncate"``. NaN gives a NaN code (0x7E).
+``"seed"`` is everything as Oyama, Nomura, Sato and Matsuoka did it: the ``"truncate"`` conversion
+and, in :func:`add` and the MPI sum op, their Algorithm 2 (float32 sum, half with nearest even,
+keep the upper byte, infinity -> largest finite).
+
+    s = fp8.add(a, b, rounding="seed")     # uint8 codes + uint8 codes -> uint8 codes (the op)
 
 Implementations: NumPy arrays use the C kernels (comm.kernels) when they are built, else the
 vectorised bit manipulation below; CuPy arrays use one fused ElementwiseKernel per direction.
@@ -25,13 +30,18 @@ from engine import backend
 MAX = 57344.0
 MAX_CODE = 0x7B
 NAN_CODE = 0x7E
-_ROUNDINGS = ("nearest", "truncate")
+_ROUNDINGS = ("nearest", "truncate", "seed")
 _DECODE_LUT = formats.FP8_E5M2.table(numpy)
 
 
 def _check_rounding(rounding):
     if rounding not in _ROUNDINGS:
         raise ValueError(f"comm.fp8: rounding must be one of {_ROUNDINGS}, got {rounding!r}")
+
+
+def _conversion(rounding):
+    """The conversion a rounding mode uses: the seed's conversion is ``"truncate"``."""
+    return "truncate" if rounding == "seed" else rounding
 
 
 # --- NumPy --------------------------------------------------------------------------------------
@@ -45,7 +55,7 @@ def encode_numpy(x, rounding="nearest"):
     """
     _check_rounding(rounding)
     x = numpy.ascontiguousarray(x, dtype=numpy.float32)
-    if rounding == "truncate":
+    if _conversion(rounding) == "truncate":
         return formats.FP8_E5M2.encode(x, "truncate")
     u = x.view(numpy.uint32)
     a = u & numpy.uint32(0x7FFFFFFF)
@@ -114,6 +124,17 @@ __device__ __forceinline__ float c8_fp8_to_float(unsigned char b) {
     if (e == 0u) { float v = (float)m * 5.9604644775390625e-8f; return s ? -v : v; }
     return c8_u2f(s | ((e + 112u) << 23) | (m << 13));
 }
+
+// fp8 + fp8 as the MPI op does it: float32 sum, then one nearest-even rounding to fp8 (equal to
+// the host's float32 -> half -> fp8, since float32 has more than 2 * 11 + 2 bits) ...
+__device__ __forceinline__ unsigned char c8_fp8_add_nearest(unsigned char a, unsigned char b) {
+    return c8_fp8_rne(__fadd_rn(c8_fp8_to_float(a), c8_fp8_to_float(b)));
+}
+
+// ... or as Oyama et al.'s Algorithm 2: float32 sum, half (nearest even), upper byte
+__device__ __forceinline__ unsigned char c8_fp8_add_seed(unsigned char a, unsigned char b) {
+    return c8_fp8_trunc(__fadd_rn(c8_fp8_to_float(a), c8_fp8_to_float(b)));
+}
 """
 
 # name -> (inputs, outputs, body) of each fused ElementwiseKernel. Kept as data so that
@@ -128,6 +149,8 @@ CUDA_KERNEL_SPECS = {
     "encode_ratio_truncate": (
         "float32 g, float32 w, float32 eps, float32 scale", "uint8 y",
         "y = c8_fp8_trunc(__fmul_rn(__fdiv_rn(g, __fadd_rn(fabsf(w), eps)), scale))"),
+    "add_nearest": ("uint8 a, uint8 b", "uint8 y", "y = c8_fp8_add_nearest(a, b)"),
+    "add_seed": ("uint8 a, uint8 b", "uint8 y", "y = c8_fp8_add_seed(a, b)"),
     "decode_ratio": (
         "uint8 b, float32 w, float32 eps, float32 inv_scale", "float32 y",
         "y = __fmul_rn(__fmul_rn(c8_fp8_to_float(b), inv_scale), __fadd_rn(fabsf(w), eps))"),
@@ -156,10 +179,10 @@ def encode(x, rounding="nearest"):
     xp = backend.get_array_module(x)
     x = xp.asarray(x)
     if x.dtype == xp.float64:
-        return formats.FP8_E5M2.encode(x, rounding)
+        return formats.FP8_E5M2.encode(x, _conversion(rounding))
     x = x.astype(xp.float32, copy=False)
     if _is_gpu(xp):
-        return _cuda_kernel("encode_" + rounding)(x)
+        return _cuda_kernel("encode_" + _conversion(rounding))(x)
     return _encode_host(x, rounding)
 
 
@@ -195,6 +218,31 @@ def _decode_host(b):
     return out.reshape(b.shape)
 
 
+def add(a, b, rounding="nearest"):
+    """fp8 sum ``sat(a + b)`` of two uint8 code arrays of one shape (NumPy or CuPy) -> uint8.
+
+    ``rounding``: ``"nearest"`` (nearest even at fp8 precision) or ``"seed"`` (Oyama et al.'s
+    Algorithm 2: truncation after a nearest-even half). On the host this is the MPI sum op's own
+    code (``comm.kernels.fp8_sum`` on the current kernel path); on CuPy a fused kernel with the
+    same arithmetic.
+    """
+    from comm import kernels
+    if rounding not in kernels.SUM_ROUNDINGS:
+        raise ValueError(f"comm.fp8.add: rounding must be one of {kernels.SUM_ROUNDINGS}, "
+                         f"got {rounding!r}")
+    xp = backend.get_array_module(a, b)
+    a, b = xp.asarray(a), xp.asarray(b)
+    if a.dtype != xp.uint8 or b.dtype != xp.uint8:
+        raise TypeError(f"comm.fp8.add: codes must be uint8, got {a.dtype} and {b.dtype}")
+    if a.shape != b.shape:
+        raise ValueError(f"comm.fp8.add: shapes differ: {a.shape} and {b.shape}")
+    if _is_gpu(xp):
+        return _cuda_kernel("add_" + rounding)(a, b)
+    out = numpy.array(b, order="C")                  # the op sums into its inout buffer
+    kernels.fp8_sum(numpy.ascontiguousarray(a).reshape(-1), out.reshape(-1), rounding)
+    return out
+
+
 def encode_ratio(grad, weight, eps, scale, rounding="nearest"):
     """fp8 codes of ``grad / (|weight| + eps) * scale``, computed in float32 in that order.
 
@@ -209,7 +257,7 @@ def encode_ratio(grad, weight, eps, scale, rounding="nearest"):
         raise ValueError(f"comm.fp8.encode_ratio: grad shape {g.shape} != weight shape {w.shape}")
     eps32, scale32 = numpy.float32(eps), numpy.float32(scale)
     if _is_gpu(xp):
-        return _cuda_kernel("encode_ratio_" + rounding)(g, w, eps32, scale32)
+        return _cuda_kernel("encode_ratio_" + _conversion(rounding))(g, w, eps32, scale32)
     ratio = g / (numpy.abs(w) + eps32)
     ratio *= scale32
     return _encode_host(ratio, rounding)

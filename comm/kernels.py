@@ -20,6 +20,10 @@ OS, via XGETBV) supports it and it agrees with the portable C code on a load-tim
 All arrays are NumPy, C-contiguous; fp8 arrays are uint8 (any 1-byte dtype), half arrays uint16 or
 float16. Sums work in place on ``dst``: ``dst[i] = saturate(src[i] + dst[i])``, rounding to
 nearest even (fp8 saturates to ±57344, half to ±65504; finite inputs never give Inf/NaN).
+``fp8_sum(..., rounding="seed")`` is instead the sum of Oyama, Nomura, Sato and Matsuoka's
+Algorithm 2 (float32 sum, half with nearest even, keep the upper byte: truncation toward zero at
+fp8 precision, still saturating). For the conversions ``"seed"`` is their conversion, the same
+as ``"truncate"``.
 
 The ratio kernels (``encode_ratio_fp8`` / ``decode_ratio_fp8``) fuse the fp8 codec's relative
 scaling with the conversion (SPEC §4: one pass each way, no float32 temporaries): each step is a
@@ -39,7 +43,7 @@ import numpy
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _SOURCE = os.path.join(_HERE, "csrc", "kernels.c")
-_ABI_VERSION = 2                       # must equal C8_ABI_VERSION in kernels.c
+_ABI_VERSION = 3                       # must equal C8_ABI_VERSION in kernels.c
 _PATH_BITS = (("avx512", 4), ("avx2", 2), ("portable", 1))
 _CFLAGS = ["-O3", "-std=c99", "-fno-trapping-math", "-ffp-contract=off", "-fPIC",
            "-shared"]                                                  # as in setup.py
@@ -154,7 +158,7 @@ def _older_than_source(path):
 def _declare(lib):
     u8 = f32 = ctypes.c_void_p                  # addresses; the names say what they point to
     for name, _ in _PATH_BITS:
-        for kind in ("fp8_sum", "half_sum"):
+        for kind in ("fp8_sum", "fp8_sum_seed", "half_sum"):
             getattr(lib, f"c8_{kind}_{name}").argtypes = [u8, u8, ctypes.c_size_t]
             getattr(lib, f"c8_{kind}_{name}").restype = None
         enc = getattr(lib, f"c8_encode_{name}")
@@ -216,6 +220,7 @@ def self_check(name):
         w = numpy.roll(x, 12_345) * numpy.float32(1e-3)
     cases = {
         "fp8_sum": lambda fn: _run_sum(fn, *pairs),
+        "fp8_sum_seed": lambda fn: _run_sum(fn, *pairs),
         "half_sum": lambda fn: _run_sum(fn, *half_pairs),
         "encode_nearest": lambda fn: _run_encode(fn, x, 0),
         "encode_truncate": lambda fn: _run_encode(fn, x, 1),
@@ -345,22 +350,33 @@ def _check_pair(src, dst, itemsize):
 
 
 # --- sums (the MPI reduction ops) ---------------------------------------------------------------
-def fp8_sum(src, dst):
-    """``dst = sat(src + dst)`` on fp8 codes (uint8 arrays of equal size); returns dst."""
+SUM_ROUNDINGS = ("nearest", "seed")
+
+
+def _check_sum_rounding(rounding):
+    if rounding not in SUM_ROUNDINGS:
+        raise ValueError(f"comm.kernels.fp8_sum: rounding must be one of {SUM_ROUNDINGS}, "
+                         f"got {rounding!r}")
+
+
+def fp8_sum(src, dst, rounding="nearest"):
+    """``dst = sat(src + dst)`` on fp8 codes (uint8 arrays of equal size); returns dst.
+    ``rounding``: "nearest" (nearest even) or "seed" (Oyama et al.'s Algorithm 2, truncating)."""
+    _check_sum_rounding(rounding)
     _check_pair(src, dst, 1)
-    fp8_sum_ptr(src.ctypes.data, dst.ctypes.data, src.size)
+    fp8_sum_ptr(src.ctypes.data, dst.ctypes.data, src.size, rounding)
     return dst
 
 
-def fp8_sum_ptr(src_addr, dst_addr, n):
+def fp8_sum_ptr(src_addr, dst_addr, n, rounding="nearest"):
     """fp8 sum on raw addresses of ``n`` bytes (for an MPI user op's in/inout buffers)."""
     if n <= 0:
         return
     if _current == "numpy":
         src, dst = _from_address(src_addr, n, numpy.uint8), _from_address(dst_addr, n, numpy.uint8)
-        _numpy_fp8_sum(src, dst)
+        _numpy_fp8_sum(src, dst, rounding)
     else:
-        _c_function("fp8_sum")(src_addr, dst_addr, n)
+        _c_function("fp8_sum_seed" if rounding == "seed" else "fp8_sum")(src_addr, dst_addr, n)
 
 
 def half_sum(src, dst):
@@ -386,9 +402,9 @@ def half_sum_ptr(src_addr, dst_addr, n):
 def encode_fp8(x_f32, out_u8, scale=1.0, rounding="nearest"):
     """``out_u8 = fp8(float32(x_f32 * scale))``; rounding "nearest" or "truncate" (the seed's:
     half, nearest even, keep the upper byte); saturating. Returns out_u8."""
-    if rounding not in ("nearest", "truncate"):
-        raise ValueError(f"comm.kernels.encode_fp8: rounding must be 'nearest' or 'truncate', "
-                         f"got {rounding!r}")
+    if rounding not in ("nearest", "truncate", "seed"):
+        raise ValueError(f"comm.kernels.encode_fp8: rounding must be 'nearest', 'truncate' or "
+                         f"'seed', got {rounding!r}")
     _check(x_f32, 4, "x_f32")
     if x_f32.dtype != numpy.float32:
         raise ValueError(f"comm.kernels.encode_fp8: x_f32 must be float32, got {x_f32.dtype}")
@@ -404,7 +420,7 @@ def encode_fp8(x_f32, out_u8, scale=1.0, rounding="nearest"):
         out_u8.reshape(-1).view(numpy.uint8)[:] = fp8.encode_numpy(y.reshape(-1), rounding)
     else:
         _c_function("encode")(x_f32.ctypes.data, out_u8.ctypes.data, x_f32.size,
-                              float(scale), int(rounding == "truncate"))
+                              float(scale), int(rounding != "nearest"))
     return out_u8
 
 
@@ -438,9 +454,9 @@ def encode_ratio_fp8(g, w, eps, scale, out, rounding="nearest"):
     encode in one pass (float32 ``g``, ``w``; uint8 ``out``; all the same size). ``eps`` and
     ``scale`` are used as float32; rounding and saturation as in :func:`encode_fp8`. Returns out.
     """
-    if rounding not in ("nearest", "truncate"):
-        raise ValueError(f"comm.kernels.encode_ratio_fp8: rounding must be 'nearest' or "
-                         f"'truncate', got {rounding!r}")
+    if rounding not in ("nearest", "truncate", "seed"):
+        raise ValueError(f"comm.kernels.encode_ratio_fp8: rounding must be 'nearest', "
+                         f"'truncate' or 'seed', got {rounding!r}")
     _check_float32(g, "g", "encode_ratio_fp8")
     _check_float32(w, "w", "encode_ratio_fp8")
     _check(out, 1, "out", writeable=True)
@@ -457,7 +473,7 @@ def encode_ratio_fp8(g, w, eps, scale, out, rounding="nearest"):
         out.reshape(-1).view(numpy.uint8)[:] = fp8.encode_numpy(d, rounding)
     else:
         _c_function("encode_ratio")(g.ctypes.data, w.ctypes.data, float(eps), float(scale),
-                                    out.ctypes.data, g.size, int(rounding == "truncate"))
+                                    out.ctypes.data, g.size, int(rounding != "nearest"))
     return out
 
 
@@ -490,11 +506,12 @@ def _from_address(addr, n, dtype):
     return numpy.frombuffer(buf, dtype=dtype)
 
 
-def _numpy_fp8_sum(src, dst):
+def _numpy_fp8_sum(src, dst, rounding="nearest"):
     from comm import fp8
     with numpy.errstate(invalid="ignore"):                  # inf + -inf inputs: NaN, as in C
         total = fp8.decode_numpy(src) + fp8.decode_numpy(dst)  # float32: kernels.c on rounding
-    dst[:] = fp8.encode_numpy(total, "nearest")
+    # "truncate" is the seed's conversion: float32 -> half (nearest even), keep the upper byte
+    dst[:] = fp8.encode_numpy(total, "truncate" if rounding == "seed" else "nearest")
 
 
 def _numpy_half_sum(src, dst):

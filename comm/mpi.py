@@ -44,6 +44,7 @@ Reduce_scatter_block + Allgather for every format.
 """
 import os
 import sys
+import tempfile
 import time
 import traceback
 
@@ -134,6 +135,26 @@ class World:
         if self.comm is not None:
             self.comm.Barrier()
 
+    # The collectives of the training loop (the protocol of ``engine.world``).
+    def bcast(self, obj, root=0):
+        return self.comm.bcast(obj, root=root) if self.comm is not None else obj
+
+    def gather(self, obj, root=0):
+        return self.comm.gather(obj, root=root) if self.comm is not None else [obj]
+
+    def bcast_array(self, array, root=0):
+        if self.comm is not None:
+            self.comm.Bcast(array, root=root)
+
+    def allreduce_sum_array(self, array):
+        if self.comm is not None:
+            self.comm.Allreduce(mpi_module().IN_PLACE, array, op=mpi_module().SUM)
+
+    def allreduce_or(self, value):
+        if self.comm is None:
+            return int(value)
+        return self.comm.allreduce(int(value), op=mpi_module().BOR)
+
     def abort(self, code=1):
         """End every rank of the job (MPI_Abort), or this process when single."""
         if self.comm is not None:
@@ -197,25 +218,106 @@ def node_comms(comm, processes_per_node=0):
     return intra, inter
 
 
+# --- one error line per job -----------------------------------------------------------------
+#: how long a rank that failed second waits to be ended by the first one's MPI_Abort before
+#: aborting by itself (the first may have been killed between its claim and its abort)
+LOSER_WAIT_S = 10.0
+_CLAIM_PREFIX = "caffe8-fail-"
+
+
+def _process_start(pid):
+    """Start time of process ``pid`` (clock ticks since boot, Linux), or None when unknown."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[19]  # field 22, counted after "comm"
+    except (OSError, IndexError):
+        return None
+
+
+def _claim_path(parent=None):
+    """The claim file of this job on this node: named after the process manager's proxy that
+    started the ranks (their common parent) and its start time, so a reused PID never matches."""
+    parent = os.getppid() if parent is None else parent
+    return os.path.join(tempfile.gettempdir(),
+                        f"{_CLAIM_PREFIX}{parent}-{_process_start(parent) or 0}")
+
+
+def _remove_stale_claims():
+    """Remove the claim files of jobs whose process manager proxy is gone."""
+    for name in os.listdir(tempfile.gettempdir()):
+        if not name.startswith(_CLAIM_PREFIX):
+            continue
+        try:
+            pid, start = name[len(_CLAIM_PREFIX):].split("-")
+            alive = (_process_start(int(pid)) or "0") == start
+        except ValueError:
+            continue
+        if not alive:
+            try:
+                os.remove(os.path.join(tempfile.gettempdir(), name))
+            except OSError:
+                pass
+
+
+def claim_first_failure():
+    """True for the first rank of this job (on this node) that fails, False for later ones.
+
+    Needs no collective — the other ranks may be anywhere — only an exclusive file create.
+    On several nodes without a shared temporary folder each node has its own first rank.
+    When nothing can be created the rank counts as first: a duplicate line beats silence.
+    """
+    _remove_stale_claims()
+    try:
+        fd = os.open(_claim_path(), os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+    except FileExistsError:
+        return False
+    except OSError:
+        return True
+    os.write(fd, str(os.getpid()).encode())
+    os.close(fd)
+    return True
+
+
+def fail_job(text, code=1, world=None):
+    """End the whole job because this rank failed; never returns.
+
+    The first failing rank writes ``text`` once, prefixed with its rank, in a single
+    ``os.write`` (so lines of different ranks are never glued together), gives mpiexec a moment
+    to forward it, then calls MPI_Abort, which ends every rank. A rank that fails after it
+    writes nothing and waits to be ended by that abort (aborting by itself after
+    ``LOSER_WAIT_S``). ``text`` None: abort quietly (e.g. after a second Ctrl-C).
+    """
+    world = world or get_world()
+    first = claim_first_failure()
+    sys.stdout.flush()
+    if first and text:
+        lines = text.rstrip("\n").split("\n")
+        out = "".join(f"[rank {world.rank}] {line}\n" for line in lines)
+        os.write(2, out.encode(errors="replace"))
+        time.sleep(0.2)
+    if not first:
+        time.sleep(LOSER_WAIT_S)
+    world.abort(code)
+
+
 def install_excepthook(world=None):
     """Make an uncaught exception on any rank end the whole job with exit status 1.
 
-    Without it one rank dies while the others wait forever in the next collective. The hook
-    prints the traceback (prefixed with the rank), flushes, then calls ``comm.Abort(1)``;
-    threads get the same treatment through ``threading.excepthook``.
+    Without it one rank dies while the others wait forever in the next collective. The first
+    failing rank prints the error (a ``CaffeError``: its message only, the user's input is at
+    fault; anything else: the traceback) and aborts the job (``fail_job``); threads get the
+    same treatment through ``threading.excepthook``.
     """
     import threading
     world = world or get_world()
 
     def _abort(exc_type, exc, tb):
-        text = (f"[rank {world.rank}] uncaught {exc_type.__name__}; aborting the job\n"
-                + "".join(traceback.format_exception(exc_type, exc, tb)))
-        sys.stdout.flush()
-        # One write, then a moment for mpiexec to forward it: MPI_Abort makes the process
-        # manager kill every rank, and output still in flight would be cut off.
-        os.write(2, text.encode(errors="replace"))
-        time.sleep(0.2)
-        world.abort(1)
+        if isinstance(exc, CaffeError):
+            text = f"caffe8: error: {exc}"
+        else:
+            text = (f"uncaught {exc_type.__name__}; aborting the job\n"
+                    + "".join(traceback.format_exception(exc_type, exc, tb)))
+        fail_job(text, 1, world)
 
     sys.excepthook = _abort
     threading.excepthook = lambda args: _abort(args.exc_type, args.exc_value, args.exc_traceback)

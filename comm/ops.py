@@ -11,7 +11,8 @@ algorithms do themselves in a fixed order (comm/allreduce.py).
 
 The user-op callbacks turn MPI's buffers into numpy views (no copy) and call the C kernels of
 ``comm.kernels`` (``fp8_sum(src, dst)``/``half_sum(src, dst)``: dst = sat(src + dst), in place,
-GIL released).
+GIL released). With the comm block's ``rounding: "seed"`` the fp8 op is FP8_SEED_SUM instead,
+the sum of Oyama, Nomura, Sato and Matsuoka's Algorithm 2 (truncating to fp8 after a half).
 """
 from dataclasses import dataclass
 
@@ -49,6 +50,12 @@ def fp8_local_sum(src, dst):
     kernels.fp8_sum(src, dst)
 
 
+def fp8_seed_local_sum(src, dst):
+    """dst <- sat(src + dst) on uint8 fp8 arrays, Algorithm 2's truncating sum (C kernel)."""
+    from comm import kernels
+    kernels.fp8_sum(src, dst, rounding="seed")
+
+
 def half_local_sum(src, dst):
     """dst <- src + dst on uint16 views of float16 arrays (C kernel)."""
     from comm import kernels
@@ -64,6 +71,11 @@ def _fp8_op_function(inbuf, inoutbuf, datatype):
     # Views over MPI's buffers: the op must not copy, it runs on every received chunk.
     fp8_local_sum(numpy.frombuffer(inbuf, dtype=numpy.uint8),
                   numpy.frombuffer(inoutbuf, dtype=numpy.uint8))
+
+
+def _fp8_seed_op_function(inbuf, inoutbuf, datatype):
+    fp8_seed_local_sum(numpy.frombuffer(inbuf, dtype=numpy.uint8),
+                       numpy.frombuffer(inoutbuf, dtype=numpy.uint8))
 
 
 def _half_op_function(inbuf, inoutbuf, datatype):
@@ -95,18 +107,31 @@ def fp8_sum_op():
     return _user_op("fp8", _fp8_op_function)
 
 
+def fp8_seed_sum_op():
+    """FP8_SEED_SUM: as :func:`fp8_sum_op` with Algorithm 2's truncating sum."""
+    return _user_op("fp8_seed", _fp8_seed_op_function)
+
+
 def half_sum_op():
     """HALF_SUM: commutative user op over :func:`item_datatype` (8 float16 values per item)."""
     return _user_op("half", _half_op_function)
 
 
-def wire_op(name):
-    """The :class:`WireOp` for "fp8", "fp16" or "fp32" (MPI objects created on first use)."""
-    key = "wire:" + name
+def wire_op(name, rounding="nearest"):
+    """The :class:`WireOp` for "fp8", "fp16" or "fp32" (MPI objects created on first use).
+
+    ``rounding`` (the comm block's) matters only for fp8: "seed" selects Algorithm 2's
+    truncating sum; "nearest" and "truncate" (a conversion mode) sum to nearest even.
+    """
+    seed = name == "fp8" and rounding == "seed"
+    key = "wire:" + name + (":seed" if seed else "")
     if key in _cache:
         return _cache[key]
     MPI = mpi_module()
-    if name == "fp8":
+    if seed:
+        w = WireOp("fp8", numpy.dtype(numpy.uint8), ITEM_BYTES, item_datatype(),
+                   fp8_seed_sum_op(), fp8_seed_local_sum)
+    elif name == "fp8":
         w = WireOp("fp8", numpy.dtype(numpy.uint8), ITEM_BYTES, item_datatype(), fp8_sum_op(),
                    fp8_local_sum)
     elif name == "fp16":

@@ -29,6 +29,12 @@ overlap the exchanges run after the whole backward, one after another. With over
 asynchronous mode, one communication thread) the exchange of layer l starts when its backward has
 ended and the previous exchange is done; the iteration ends when both backward and the last
 exchange are done, plus the update.
+
+``serial_convert`` follows Oyama et al.'s implementation more closely ("reducing communication in
+data-parallel deep learning with floating-point numbers smaller than single precision",
+Algorithm 1): its conversion kernels run on the GPU, which the backward occupies, so each
+tensor's encode + decode (n / convert rate) is added to the compute path right after its
+backward instead of to the communication thread, which keeps the host copies and MPI.
 """
 import json
 import re
@@ -125,11 +131,13 @@ def exchange_time(n, codec, network, p, schedule="hierarchical"):
 
 
 # --- the iteration ---------------------------------------------------------------------------
-def iteration_time(layers, codec, network, p, schedule="hierarchical", overlap=True, update=0.0):
+def iteration_time(layers, codec, network, p, schedule="hierarchical", overlap=True, update=0.0,
+                   serial_convert=False):
     """Predicted seconds of one iteration and its parts.
 
     Returns a dict: ``iteration``, ``compute`` (forward + backward + update), ``comm`` (sum of
     the exchanges), ``exposed`` (iteration − compute: the communication not hidden).
+    ``serial_convert``: see the module docstring (the conversion then counts as exposed).
     """
     forward = sum(layer.forward for layer in layers)
     t = comm_free = forward
@@ -137,6 +145,10 @@ def iteration_time(layers, codec, network, p, schedule="hierarchical", overlap=T
     for layer in reversed(layers):
         t += layer.backward
         c = sum(exchange_time(n, codec, network, p, schedule) for n in layer.tensors)
+        if serial_convert and p > 1:
+            convert = sum(n / codec.convert_rate for n in layer.tensors)
+            t += convert
+            c -= convert
         comm_total += c
         if c and overlap:
             comm_free = max(t, comm_free) + c
@@ -147,10 +159,12 @@ def iteration_time(layers, codec, network, p, schedule="hierarchical", overlap=T
     return {"iteration": end, "compute": compute, "comm": comm_total, "exposed": end - compute}
 
 
-def weak_speedup(layers, codec, network, p, schedule="hierarchical", overlap=True, update=0.0):
+def weak_speedup(layers, codec, network, p, schedule="hierarchical", overlap=True, update=0.0,
+                 serial_convert=False):
     """Samples/s on p processes over samples/s on one (fixed per-process batch): p·T1/Tp."""
     t1 = iteration_time(layers, codec, network, 1, schedule, overlap, update)["iteration"]
-    tp = iteration_time(layers, codec, network, p, schedule, overlap, update)["iteration"]
+    tp = iteration_time(layers, codec, network, p, schedule, overlap, update,
+                        serial_convert)["iteration"]
     return p * t1 / tp
 
 

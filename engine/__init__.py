@@ -1,12 +1,6 @@
-"""caffe8 engine: backend, prototxt, Blob, Layer, Net, training loop, log, snapshots, CLI.
+"""caffe8's ground floor: backend, prototxt and schema, Blob, Layer, Net, data plumbing, the
+training loop, log, snapshots.
 
-``from engine import Net`` works as in pycaffe (``caffe.Net``). The import is lazy so that
-``engine.cli`` can set thread counts before NumPy loads.
+It imports nothing above it (``layers``, ``solvers``, ``comm``, ``caffe8``). The public entry
+point is ``import caffe8``, which also registers the layer and solver types.
 """
-
-
-def __getattr__(name):
-    if name == "Net":
-        from engine.net import Net
-        return Net
-    raise AttributeError(f"module 'engine' has no attribute {name!r}")

@@ -2,7 +2,16 @@
 
 This is the only module that imports cupy. Everything else calls ``get_array_module(x)`` or uses
 ``backend.xp`` (the module chosen by ``use_gpu``), so CPU and GPU share one body of array code.
+
+TensorFloat-32: off unless asked for. Caffe's numerics are IEEE fp32 throughout, and TF32 keeps
+only 10 mantissa bits in the products of GEMMs and convolutions, so it is an explicit opt-in:
+``set_tf32(True)`` (the CLI's ``--tf32``) or the environment variable ``CAFFE8_TF32=1`` read at
+import. It switches CuPy's float32 GEMMs (cuBLAS) to the TF32 compute type and the cuDNN
+convolutions to tensor-op math; ``tf32_enabled()`` is what the cuDNN layer code reads. On the
+CPU it changes nothing (NumPy has no TF32 path) and says so.
 """
+import os
+
 import numpy
 
 try:  # CuPy is optional: CPU-only machines never need it.
@@ -34,6 +43,7 @@ def use_gpu(device_id=0):
     cupy.cuda.Device(device_id).use()
     xp = cupy
     _device_id = device_id
+    _apply_tf32()
 
 
 def use_cpu():
@@ -121,3 +131,101 @@ def host_buffer(n, dtype):
         out[...] = 0
         return out
     return numpy.zeros(n, dtype)
+
+
+# --- one-time notes ---------------------------------------------------------------------------
+# Layers have no logger of their own; a note (an engine fallback, a library that did not load)
+# goes to the sink the CLI installs (its glog), else to stderr in glog format, once per text.
+_note_sink = None
+_notes_given = set()
+
+
+def set_note_sink(fn):
+    """Send one-time notes to ``fn(message)`` (e.g. the run's GLog); None restores stderr."""
+    global _note_sink
+    _note_sink = fn
+
+
+def note_once(message):
+    """Log ``message`` the first time it is given in this process; return True if it was logged."""
+    if message in _notes_given:
+        return False
+    _notes_given.add(message)
+    if _note_sink is not None:
+        _note_sink(message)
+    else:
+        from engine.glog import GLog
+        GLog().info(message, _depth=3)
+    return True
+
+
+# --- TensorFloat-32 -----------------------------------------------------------------------------
+TF32_ENV = "CAFFE8_TF32"
+_tf32 = os.environ.get(TF32_ENV, "0").strip().lower() in ("1", "true", "yes", "on")
+
+# CuPy's GEMM compute-type codes (``cupy._core._routines_linalg``): DEFAULT keeps fp32 math,
+# TF32 selects CUBLAS_COMPUTE_32F_FAST_TF32 for float32 products.
+_CUPY_COMPUTE_TYPE_DEFAULT = 1
+_CUPY_COMPUTE_TYPE_TF32 = 7
+
+
+def tf32_enabled():
+    """True when TF32 math was asked for (by ``set_tf32`` or ``CAFFE8_TF32``)."""
+    return _tf32
+
+
+def set_tf32(enabled):
+    """Allow (True) or forbid (False, the default) TF32 math for float32 GEMMs and convolutions.
+
+    Returns the line to log. On the GPU the cuBLAS side applies at once (CuPy's float32 compute
+    type); cuDNN convolutions read ``tf32_enabled()`` when they pick their math type, and the
+    algorithm cache is keyed by it, so the next convolution follows. On the CPU this is a no-op.
+    """
+    global _tf32
+    _tf32 = bool(enabled)
+    if not on_gpu():
+        return (f"TF32 {'requested' if _tf32 else 'disabled'}: no effect on the CPU "
+                "(NumPy computes float32 in IEEE fp32)")
+    _apply_tf32()
+    if _tf32:
+        return ("TF32 enabled: float32 GEMMs (cuBLAS) and cuDNN convolutions may round their "
+                "inputs to 10 mantissa bits (faster on Ampere and newer; not Caffe's fp32 "
+                "numerics)")
+    return "TF32 disabled: float32 GEMMs and convolutions use full fp32 math"
+
+
+def _apply_tf32():
+    """Push the TF32 choice into CuPy's cuBLAS GEMM compute type for float32."""
+    if not (_cupy_ok and on_gpu()):
+        return
+    from cupy._core import _routines_linalg
+    code = _CUPY_COMPUTE_TYPE_TF32 if _tf32 else _CUPY_COMPUTE_TYPE_DEFAULT
+    _routines_linalg.set_compute_type(numpy.float32, code)
+
+
+# --- what the cuDNN binding needs from CuPy ----------------------------------------------------
+def cuda_stream_ptr():
+    """The raw ``cudaStream_t`` of CuPy's current stream on this thread (0: the legacy stream)."""
+    return int(cupy.cuda.get_current_stream().ptr)
+
+
+def cuda_device_id():
+    """The CUDA device CuPy currently uses on this thread."""
+    return int(cupy.cuda.runtime.getDevice())
+
+
+def device_workspace(nbytes):
+    """A byte buffer of ``nbytes`` (at least 1) from CuPy's memory pool, ordered on the current
+    stream, so a library's scratch space is recycled like any other array."""
+    return cupy.empty(max(int(nbytes), 1), dtype=numpy.uint8)
+
+
+def is_device_array(a):
+    """True for a CuPy array."""
+    return _cupy_ok and isinstance(a, cupy.ndarray)
+
+
+def elementwise_kernel(in_params, out_params, operation, name):
+    """A ``cupy.ElementwiseKernel`` (compiled on first launch, cached by CuPy), so layer modules
+    can fuse a step's arithmetic into one launch without importing cupy themselves."""
+    return cupy.ElementwiseKernel(in_params, out_params, operation, name)

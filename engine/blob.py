@@ -32,8 +32,22 @@ class Blob:
     def xp(self):
         return self._xp
 
-    def reshape(self, shape):
-        """Give the blob ``shape``; reallocates (zeroed) only when the element count changes."""
+    # Caffe's legacy 4-D accessors (Blob::LegacyShape: missing axes read as 1).
+    def _legacy(self, axis):
+        if self.num_axes > 4:
+            raise ValueError(f"legacy 4-D accessor on a {self.num_axes}-axis blob {self.shape}")
+        return self.shape[axis] if axis < self.num_axes else 1
+
+    num = property(lambda self: self._legacy(0))
+    channels = property(lambda self: self._legacy(1))
+    height = property(lambda self: self._legacy(2))
+    width = property(lambda self: self._legacy(3))
+
+    def reshape(self, *shape):
+        """Give the blob a shape — ``reshape((2, 3))`` or pycaffe's ``reshape(2, 3)``;
+        reallocates (zeroed) only when the element count changes."""
+        if len(shape) == 1 and not isinstance(shape[0], (int, numpy.integer)):
+            shape = shape[0]
         shape = tuple(int(s) for s in shape)
         if any(s < 0 for s in shape):
             raise ValueError(f"negative blob dimension in {shape}")

@@ -14,12 +14,24 @@ class PrototxtError(CaffeError):
 
 
 class LayerError(CaffeError):
-    """A layer's configuration or shapes are invalid; message names the layer."""
+    """A layer's configuration or shapes are invalid; message names the layer and, when
+    known, where the layer is defined (``at file:line:col``)."""
 
-    def __init__(self, layer_name, message, layer_type=None):
+    def __init__(self, layer_name, message, layer_type=None, location=None):
         where = f"layer '{layer_name}'" + (f" (type {layer_type})" if layer_type else "")
+        if location:
+            where += f" at {location}"
         super().__init__(f"{where}: {message}")
-        self.layer_name = layer_name
+        self.layer_name, self.message = layer_name, message
+        self.layer_type, self.location = layer_type, location
+
+    def at(self, location):
+        """This error with the layer's definition site added (unchanged if it has one)."""
+        if self.location or not location:
+            return self
+        located = LayerError(self.layer_name, self.message, self.layer_type, location)
+        located.__cause__ = self.__cause__
+        return located
 
 
 class DataError(CaffeError):

@@ -28,9 +28,15 @@ register_layer = registrar(LAYERS, "layer type", "type")
 
 
 def create_layer(layer_param, phase="TRAIN", dtype=numpy.float32):
-    """Instantiate the registered class for ``layer_param.type``."""
-    import layers  # noqa: F401  (explicit imports in layers/__init__ register every type)
+    """Instantiate the registered class for ``layer_param.type``.
+
+    The layer classes live in ``layers/`` and register themselves with ``@register_layer``;
+    whoever builds nets imports that package first (``import caffe8`` does).
+    """
     cls = LAYERS.get(layer_param.type)
+    if cls is None and not LAYERS:
+        raise LayerError(layer_param.name, "no layer types are registered: import caffe8 (or the "
+                         "layers package) before building a net")
     if cls is None:
         raise LayerError(layer_param.name,
                          f"unknown layer type '{layer_param.type}' at "

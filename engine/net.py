@@ -18,12 +18,24 @@ from collections import OrderedDict
 
 import numpy
 
-from engine import backend, net_hdf5
+from engine import backend, model_io, net_hdf5
 from engine.blob import Blob
 from engine.errors import CaffeError, LayerError
 from engine.layer import create_layer
 from engine.net_graph import filter_net, insert_splits, upgrade_net_input
-from engine.prototxt import Message, parse_file
+from engine.prototxt import Message, parse_file, to_text
+
+#: Caffe's Phase enum: pycaffe passes the integers (caffe.TRAIN = 0, caffe.TEST = 1)
+PHASES = ("TRAIN", "TEST")
+
+
+def phase_name(phase):
+    """"TRAIN" / "TEST" from a phase given as its name or as Caffe's enum integer (0 / 1)."""
+    if isinstance(phase, str) and phase.upper() in PHASES:
+        return phase.upper()
+    if isinstance(phase, (int, numpy.integer)) and not isinstance(phase, bool) and 0 <= phase < 2:
+        return PHASES[int(phase)]
+    raise CaffeError(f"phase must be TRAIN or TEST (or Caffe's integers 0 / 1), got {phase!r}")
 
 
 class Net:
@@ -32,7 +44,7 @@ class Net:
     def __init__(self, model, phase="TRAIN", weights=None, level=None, stages=(),
                  dtype=numpy.float32, rank=0, world=1, log=None):
         param = parse_file(model) if isinstance(model, (str, os.PathLike)) else model
-        self.phase = phase
+        phase = self.phase = phase_name(phase)
         self.dtype = numpy.dtype(dtype)
         self.rank, self.world = rank, world
         self._log = log
@@ -44,14 +56,50 @@ class Net:
         self.param = insert_splits(param)
         self.name = self.param.name
         self._forward_hooks, self._backward_hooks = [], []
+        if self._log:
+            self._log("Initializing net from parameters: \n" + to_text(self.param))
+        self._memory_used = 0
+        self.layers = []
+        try:
+            self._build(weights)
+        except BaseException:
+            self.close()  # the data layers built so far hold files (and maybe threads)
+            raise
+
+    def _build(self, weights):
         self._build_layers()
         self._prune_backward()
         if self.param.force_backward:
             self._force_backward()
+        if self._log:
+            self._log_setup_end()
         self._collect_params()
         self._flatten_params()
         if weights is not None:
             self.copy_trained_layers_from(weights)
+
+    # --- lifetime ------------------------------------------------------------------------------
+    def close(self, timeout=None):
+        """Close every layer that holds threads or files (the data layers): their prefetch
+        threads are joined (each waits up to ``timeout`` s, the layer's default when None)
+        before their files are released. Returns the names of layers whose thread was still
+        busy (their files are left open); safe to call twice, and the net cannot run after."""
+        busy = []
+        for layer in self.layers:
+            close = getattr(layer, "close", None)
+            if close is None:
+                continue
+            ended = close() if timeout is None else close(timeout)
+            if ended is False:
+                busy.append(layer.name)
+        return busy
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
 
     # --- building ------------------------------------------------------------------------------
     def _build_layers(self):
@@ -79,6 +127,9 @@ class Net:
     def _build_layer(self, layer_param, available):
         if not layer_param.has("phase"):
             layer_param.phase = self.phase
+        if self._log:
+            self._log(f"Creating layer {layer_param.name}")  # layer_factory's line, then net.cpp's
+            self._log(f"Creating Layer {layer_param.name}")
         layer = create_layer(layer_param, self.phase, self.dtype)
         i = len(self.layers)
         self.layers.append(layer)
@@ -102,6 +153,12 @@ class Net:
                    for j, name in enumerate(layer_param.top)]
         if layer.is_data:
             layer.rank, layer.world = self.rank, self.world
+        if self._log:
+            for name in bottoms:
+                self._log(f"{layer.name} <- {name}")
+            for name in layer_param.top:
+                self._log(f"{layer.name} -> {name}")
+            self._log(f"Setting up {layer.name}")
         self._setup_layer(layer, bottom_vec, top_vec)
         self.layer_loss_weights.append(self._loss_weights(layer, layer_param, top_vec))
         need_backward |= self._param_needs(layer, layer_param)
@@ -113,11 +170,22 @@ class Net:
         self.layer_need_backward.append(need_backward)
         for name in layer_param.top:
             self._blob_need_backward[name] = self._blob_need_backward.get(name, False) or need_backward
-        if self._log:
+        if self._log:  # Caffe's setup section, so a Caffe user reads the shapes as usual
             for name, blob in zip(layer_param.top, top_vec):
-                dims = " ".join(str(d) for d in blob.shape)
-                self._log(f"Top shape: {dims} ({blob.count})")
+                dims = "".join(f"{d} " for d in blob.shape)  # Blob::shape_string
+                self._log(f"Top shape: {dims}({blob.count})")
+                self._memory_used += blob.count
+            self._log(f"Memory required for data: {self._memory_used * self.dtype.itemsize}")
         return i
+
+    def _log_setup_end(self):
+        """Caffe's closing lines of Net::Init: backward needs (last layer first), outputs."""
+        for i in reversed(range(len(self.layers))):
+            need = "needs" if self.layer_need_backward[i] else "does not need"
+            self._log(f"{self.layer_names[i]} {need} backward computation.")
+        for name in self.output_blob_names:
+            self._log(f"This network produces output {name}")
+        self._log("Network initialization done.")
 
     def _append_top(self, layer, layer_param, j, name, bottoms, available):
         if j < len(bottoms) and bottoms[j] == name:
@@ -135,13 +203,19 @@ class Net:
         return blob
 
     def _setup_layer(self, layer, bottom_vec, top_vec):
+        where = layer.layer_param.location()
+        where = None if where.startswith("<") else where  # not read from a file
         try:
             layer.setup(bottom_vec, top_vec)
+        except LayerError as e:
+            if e.layer_name != layer.name:
+                raise
+            raise e.at(where) from e.__cause__
         except CaffeError:
             raise
         except Exception as e:  # a layer's own shape check failing deep inside NumPy
             raise LayerError(layer.name, f"setup failed: {type(e).__name__}: {e}",
-                             layer.type) from e
+                             layer.type, where) from e
 
     def _loss_weights(self, layer, layer_param, top_vec):
         given = list(layer_param.loss_weight)
@@ -311,20 +385,47 @@ class Net:
         order, for every layer (also those that skip backward, as Caffe's after_backward)."""
         self._backward_hooks.append(fn)
 
-    def forward_loss(self):
-        """Run every layer's reshape + forward; return the weighted loss (a Python float)."""
+    def forward_loss(self, as_float=True):
+        """Run every layer's reshape + forward; return the weighted loss: a Python float, or with
+        ``as_float=False`` the float64 0-d array on the layers' device (0.0 without weighted tops).
+
+        The sum stays on the device while the layers run (a ``float()`` per loss layer would stall
+        the GPU queue once per layer); only a caller that needs the number reads it back, once:
+        ``self.loss`` converts on first access and keeps the float.
+        """
+        return self.forward_from_to(0, len(self.layers) - 1, as_float)
+
+    def _layer_range(self, start, end):
+        n = len(self.layers)
+        for what, i in (("start", start), ("end", end)):
+            if not 0 <= i < n:
+                raise CaffeError(f"{what} layer index {i} is out of range (the net has {n} layers)")
+
+    def forward_from_to(self, start, end, as_float=True):
+        """Caffe's ForwardFromTo: reshape + forward layers ``start``..``end`` (inclusive); the
+        weighted loss of the tops produced in that range (as :meth:`forward_loss`)."""
+        if self.layers:
+            self._layer_range(start, end)
         loss = 0.0
-        for i, layer in enumerate(self.layers):
+        for i in range(start, end + 1):
+            layer = self.layers[i]
             bottom, top = self.bottom_vecs[i], self.top_vecs[i]
             self._reshape(layer, bottom, top)
             layer.forward(bottom, top)
             for blob, w in zip(top, self.layer_loss_weights[i]):
                 if w:
-                    loss += w * float(blob.data.sum(dtype=numpy.float64))
+                    loss = loss + w * blob.data.sum(dtype=numpy.float64)
             for fn in self._forward_hooks:
                 fn(i, layer)
-        self.loss = loss
-        return loss
+        self._loss = loss
+        return self.loss if as_float else loss
+
+    @property
+    def loss(self):
+        """The last forward's weighted loss as a Python float (one device read, then cached)."""
+        if type(self._loss) is not float:
+            self._loss = float(self._loss)
+        return self._loss
 
     @staticmethod
     def _reshape(layer, bottom, top):
@@ -343,20 +444,31 @@ class Net:
 
     def backward(self):
         """Backward pass from the weighted tops; param diffs accumulate."""
+        self.seed_loss_diffs()
+        self.backward_from_to(len(self.layers) - 1, 0)
+
+    def seed_loss_diffs(self):
+        """Each weighted top's diff = its loss weight (Caffe sets it once, in SetLossWeights)."""
         for i in range(len(self.layers)):
             for blob, w in zip(self.top_vecs[i], self.layer_loss_weights[i]):
                 if w:
                     blob.diff[...] = w
-        for i in reversed(range(len(self.layers))):
+
+    def backward_from_to(self, start, end):
+        """Caffe's BackwardFromTo: backward layers ``start`` down to ``end`` (inclusive), from
+        the top diffs as they stand (see :meth:`seed_loss_diffs`)."""
+        if self.layers:
+            self._layer_range(start, end)
+        for i in range(start, end - 1, -1):
             layer = self.layers[i]
             if self.layer_need_backward[i]:
                 layer.backward(self.top_vecs[i], self.bottom_need_backward[i], self.bottom_vecs[i])
             for fn in self._backward_hooks:
                 fn(i, layer)
 
-    def forward_backward(self):
-        """Forward then backward; returns the loss."""
-        loss = self.forward_loss()
+    def forward_backward(self, as_float=True):
+        """Forward then backward; returns the loss (as ``forward_loss(as_float)``)."""
+        loss = self.forward_loss(as_float)
         self.backward()
         return loss
 
@@ -385,9 +497,14 @@ class Net:
         return self.param_owners[self.param_layer_indices.index((i, k))] is None
 
     def copy_trained_layers_from(self, path):
-        """Load a Caffe-layout HDF5 model (``/data/<layer>/<i>``) by layer name."""
-        net_hdf5.copy_trained_layers(self, path)
+        """Load trained params by layer name from a binary ``.caffemodel`` or an HDF5 ``.h5``
+        model (``engine.model_io.load_weights``)."""
+        model_io.load_weights(self, path)
 
     def to_hdf5(self, path, write_diff=False):
         """Write Caffe's HDF5 model layout (``engine.net_hdf5``)."""
         net_hdf5.write_model(self, path, write_diff)
+
+    def to_proto(self, write_diff=False):
+        """Caffe's ``Net::ToProto``: a caffe_pb2.NetParameter with every layer's blobs."""
+        return model_io.net_to_proto(self, write_diff)

@@ -13,8 +13,13 @@ and without the thread, whatever the timing.
 Errors: an exception inside ``produce`` is handed through the queue and raised on the main
 thread by ``next()``, naming the layer; it is raised again on every later call.
 
-Lifetime: the thread holds only a weak reference to ``produce``'s owner, so a layer that is
-dropped without ``close()`` is still collected and its thread ends within ``_POLL_S``.
+Lifetime: the thread is *not* a daemon. A daemon thread is frozen wherever it happens to be
+when the interpreter finalises — inside h5py, still holding h5py's global lock, which the main
+thread then needs to free its own objects: the process hung or crashed after training. So the
+owner ends the thread with ``close()`` (a bounded join), and as a safety net the thread also
+ends by itself, within ``_POLL_S`` of finishing its current batch, when its owner is collected
+or when the main thread has finished (the interpreter joins non-daemon threads before it
+finalises anything, so the thread is never frozen mid-call).
 """
 import queue
 import threading
@@ -23,6 +28,8 @@ import weakref
 from engine.errors import CaffeError, DataError
 
 _POLL_S = 0.1  # how often a blocked producer checks for shutdown
+#: default bound on how long ``close()`` waits for the thread to finish its current batch
+CLOSE_TIMEOUT_S = 10.0
 
 
 class _Failure:
@@ -39,9 +46,14 @@ def _weak_callable(fn):
     return lambda: fn
 
 
+def _ending(stop):
+    """True when the thread must end: closed, or the main thread has finished (shutdown)."""
+    return stop.is_set() or not threading.main_thread().is_alive()
+
+
 def _put(q, item, stop, alive):
     """Block until ``item`` is queued; False when shutting down or the owner is gone."""
-    while not stop.is_set():
+    while not _ending(stop):
         try:
             q.put(item, timeout=_POLL_S)
             return True
@@ -52,7 +64,7 @@ def _put(q, item, stop, alive):
 
 
 def _worker(q, stop, produce_ref):
-    while not stop.is_set():
+    while not _ending(stop):
         produce = produce_ref()
         if produce is None:
             return
@@ -87,7 +99,7 @@ class Prefetcher:
         self._queue = queue.Queue(maxsize=self.depth)
         self._thread = threading.Thread(
             target=_worker, args=(self._queue, self._stop, _weak_callable(self._produce)),
-            name=f"prefetch[{self.name}]", daemon=True)
+            name=f"prefetch[{self.name}]", daemon=False)
         self._thread.start()
 
     def next(self):
@@ -126,17 +138,27 @@ class Prefetcher:
         raise RuntimeError(f"data layer '{self.name}': prefetch thread failed: "
                            f"{type(exc).__name__}: {exc}") from exc
 
-    def close(self, timeout=5.0):
-        """Stop the thread and drop queued batches; safe to call twice."""
+    def close(self, timeout=CLOSE_TIMEOUT_S):
+        """Stop the thread and drop queued batches; safe to call twice.
+
+        Waits up to ``timeout`` seconds for the thread to finish the batch it is producing.
+        Returns True when the thread has ended (or never ran); False when it is still inside
+        ``produce`` — the caller must then not release what ``produce`` uses. A later call
+        waits again.
+        """
         self._stop.set()
-        if self._thread is not None:
-            while True:  # unblock a producer waiting on a full queue
-                try:
-                    self._queue.get_nowait()
-                except queue.Empty:
-                    break
-            self._thread.join(timeout)
-            self._thread = None
+        if self._thread is None:
+            return True
+        while True:  # unblock a producer waiting on a full queue
+            try:
+                self._queue.get_nowait()
+            except queue.Empty:
+                break
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            return False
+        self._thread = None
+        return True
 
     @property
     def running(self):

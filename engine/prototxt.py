@@ -5,129 +5,25 @@ if set, else the field's default (``[]`` for repeated fields, an empty default `
 message fields); ``msg.has(name)`` tells whether a field was set; ``msg.location(name)`` gives
 ``file:line:col`` for error messages. Enum values are their names as strings ("MAX", "TRAIN").
 Unknown fields are errors that list the valid names.
+
+Why a parser of our own when protobuf ships ``google.protobuf.text_format``: it keeps
+``file:line:col`` of every field (``Message.location``), so that a bad value found long after
+parsing (by a layer's setup, the solver, ``engine.validate``) is reported where it was written;
+text_format's messages forget where their fields came from. Both parsers read the same schema
+(``engine/proto/caffe.proto``) and tests/engine/test_proto_schema.py checks that they agree on
+every prototxt in the repository.
 """
 import math
 import re
 
+from engine import upgrade
 from engine.errors import PrototxtError
+from engine.message import Message  # noqa: F401  (re-exported: callers import it from here)
 from engine.schema import SCHEMA, ENUMS, FieldSpec  # noqa: F401  (FieldSpec re-exported)
+from engine.validate import validate
 
 _INT_TYPES = {"int32", "int64", "uint32", "uint64", "sint32", "sint64", "fixed32", "fixed64"}
 _FLOAT_TYPES = {"float", "double"}
-
-
-class Message:
-    """A parsed protobuf message of schema type ``type_name``."""
-
-    __slots__ = ("_type", "_values", "_locs", "_where", "_parent", "_unset")
-
-    def __init__(self, type_name, where="<memory>"):
-        if type_name not in SCHEMA:
-            raise KeyError(f"unknown message type {type_name}")
-        object.__setattr__(self, "_type", type_name)
-        object.__setattr__(self, "_values", {})
-        object.__setattr__(self, "_locs", {})
-        object.__setattr__(self, "_where", where)
-        # An unset message field reads as a default Message linked to its parent; writing into
-        # it attaches it (protobuf's lazy semantics), so `solver.comm.codec = "fp16"` sticks.
-        object.__setattr__(self, "_parent", None)
-        object.__setattr__(self, "_unset", {})
-
-    # --- reading -------------------------------------------------------------------------------
-    @property
-    def type_name(self):
-        return self._type
-
-    def _spec(self, name):
-        spec = SCHEMA[self._type].get(name)
-        if spec is None:
-            raise AttributeError(
-                f"{self._type} has no field '{name}'; valid fields: "
-                + ", ".join(sorted(SCHEMA[self._type])))
-        return spec
-
-    def __getattr__(self, name):
-        if name.startswith("__"):
-            raise AttributeError(name)
-        spec = self._spec(name)
-        if name in self._values:
-            return self._values[name]
-        if spec.repeated:
-            lst = []
-            self._values[name] = lst  # so that append() on the result sticks
-            return lst
-        if spec.is_message:
-            sub = self._unset.get(name)
-            if sub is None:
-                sub = Message(spec.type, self._where)
-                object.__setattr__(sub, "_parent", (self, name))
-                self._unset[name] = sub
-            return sub
-        return spec.default
-
-    def has(self, name):
-        """True when the field was set (for repeated fields: non-empty)."""
-        self._spec(name)
-        v = self._values.get(name)
-        if v is None:
-            return False
-        return len(v) > 0 if isinstance(v, list) else True
-
-    HasField = has  # protobuf-style spelling
-
-    def location(self, name=None):
-        """``file:line:col`` of field ``name`` (or of the message itself)."""
-        loc = self._locs.get(name) if name else self._locs.get(None)
-        if loc is None:
-            return self._where
-        return f"{self._where}:{loc[0]}:{loc[1]}"
-
-    def fields(self):
-        """Names of set fields, in schema order."""
-        return [n for n in SCHEMA[self._type] if self.has(n)]
-
-    # --- writing -------------------------------------------------------------------------------
-    def __setattr__(self, name, value):
-        spec = self._spec(name)
-        if spec.repeated and not isinstance(value, list):
-            raise TypeError(f"{self._type}.{name} is repeated; assign a list")
-        self._values[name] = value
-        self._unset.pop(name, None)
-        self._attach()
-
-    def _attach(self):
-        """Make this (default) sub-message part of its parent once something is written to it."""
-        if self._parent is not None:
-            parent, name = self._parent
-            object.__setattr__(self, "_parent", None)
-            if name not in parent._values:
-                parent._values[name] = self
-                parent._unset.pop(name, None)
-                parent._attach()
-
-    def clear(self, name):
-        self._spec(name)
-        self._values.pop(name, None)
-
-    def copy(self):
-        """Deep copy."""
-        m = Message(self._type, self._where)
-        for k, v in self._values.items():
-            if isinstance(v, list):
-                v = [x.copy() if isinstance(x, Message) else x for x in v]
-            elif isinstance(v, Message):
-                v = v.copy()
-            m._values[k] = v
-        m._locs.update(self._locs)
-        return m
-
-    def __eq__(self, other):
-        return isinstance(other, Message) and self._type == other._type and \
-            {k: v for k, v in self._values.items() if v != []} == \
-            {k: v for k, v in other._values.items() if v != []}
-
-    def __repr__(self):
-        return f"<{self._type} {to_text(self).strip()[:200]}>"
 
 
 # --- tokenizer ---------------------------------------------------------------------------------
@@ -335,22 +231,45 @@ class _Parser:
 
 
 def parse_text(text, filename="<string>", type_name="NetParameter"):
-    """Parse prototxt ``text`` as message ``type_name``; errors name ``filename:line:col``."""
+    """Parse prototxt ``text`` as message ``type_name``; errors name ``filename:line:col``.
+
+    Old nets (V0/V1 ``layers``, also inline in a solver) come back upgraded, as Caffe's readers
+    return them (``engine.upgrade``)."""
     p = _Parser(text, filename)
     msg = Message(type_name, filename)
     msg._locs[None] = (1, 1)
     p.parse_message(msg)
+    if type_name == "NetParameter":
+        msg = upgrade.upgrade_net(msg)
+    elif type_name == "SolverParameter":
+        for field in ("net_param", "train_net_param"):
+            if msg.has(field):
+                setattr(msg, field, upgrade.upgrade_net(getattr(msg, field)))
+        if msg.has("test_net_param"):
+            msg.test_net_param = [upgrade.upgrade_net(n) for n in msg.test_net_param]
     return msg
 
 
 def parse_file(path, type_name="NetParameter"):
-    """Parse the prototxt file at ``path``."""
+    """Parse the prototxt file at ``path`` (upgraded as ``parse_text`` does, and a solver's old
+    ``solver_type`` enum moved into ``type``); every field is checked against its allowed values
+    (``engine.validate``), so a bad value fails here, naming its file:line:col."""
     try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
+        with open(path, "rb") as f:
+            raw = f.read()
     except OSError as e:
         raise PrototxtError(f"{path}: cannot read prototxt: {e.strerror}") from None
-    return parse_text(text, str(path), type_name)
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = raw.count(b"\n", 0, e.start) + 1
+        col = e.start - (raw.rfind(b"\n", 0, e.start) + 1) + 1
+        raise PrototxtError(f"{path}:{line}:{col}: byte 0x{raw[e.start]:02x} at offset {e.start} "
+                            f"is not valid UTF-8; prototxt files must be UTF-8 text") from None
+    msg = parse_text(text, str(path), type_name)
+    if type_name == "SolverParameter":
+        upgrade.upgrade_solver(msg)
+    return validate(msg)
 
 
 def parse_layer(text, filename="<string>"):

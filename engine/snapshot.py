@@ -1,18 +1,45 @@
-"""Snapshots in Caffe's HDF5 layout, written atomically (temporary file, then rename).
+"""Snapshots in both of Caffe's formats, written atomically (temporary file, then rename).
 
-Model: ``<prefix>_iter_N.caffemodel.h5`` (``/data/<layer>/<i>``, written by ``Net.to_hdf5``).
-Solver state: ``<prefix>_iter_N.solverstate.h5`` with ``iter``, ``learned_net``,
-``current_step`` and ``history/<i>`` as Caffe writes them, plus caffe8's ``caffe8/`` group holding
-what Caffe does not save but an exact resume needs (random generator state, data cursors).
+``snapshot_format`` picks the names (Caffe's ``Solver::Snapshot``):
+
+* BINARYPROTO (Caffe's default): ``<prefix>_iter_N.caffemodel`` (a binary NetParameter,
+  ``engine.model_io``) and ``<prefix>_iter_N.solverstate`` (a binary SolverState: ``iter``,
+  ``learned_net``, ``history``, ``current_step``);
+* HDF5: ``<prefix>_iter_N.caffemodel.h5`` (``/data/<layer>/<i>``) and
+  ``<prefix>_iter_N.solverstate.h5`` with ``iter``, ``learned_net``, ``current_step`` and
+  ``history/<i>`` as Caffe writes them.
+
+Either solver state also holds what Caffe does not save but an exact resume needs (random
+generator state, data cursors) as JSON: the ``caffe8/extra`` dataset in HDF5, SolverState field
+1001 (``c8_extra``) in binary, a field number Caffe does not use, so Caffe skips it on reading.
+Reading chooses the format by the name, as Caffe's ``Solver::Restore`` does (``.h5``: HDF5).
 """
 import json
 import os
+import re
 
 import h5py
 import numpy
 
 from engine import backend
 from engine.errors import CaffeError
+from engine.proto import caffe_pb2
+from engine.proto.blobs import array_to_blob, blob_to_array
+
+BINARYPROTO, HDF5 = "BINARYPROTO", "HDF5"
+
+
+def snapshot_names(prefix, iteration, fmt):
+    """``(model, solverstate)`` file names of the snapshot at ``iteration`` in format ``fmt``."""
+    if fmt not in (BINARYPROTO, HDF5):
+        raise ValueError(f"unknown snapshot_format {fmt!r}; valid: BINARYPROTO, HDF5")
+    suffix = ".h5" if fmt == HDF5 else ""
+    base = f"{prefix}_iter_{iteration}"
+    return base + ".caffemodel" + suffix, base + ".solverstate" + suffix
+
+
+def _is_hdf5(path):
+    return str(path).endswith(".h5")
 
 
 def atomic_write(path, write):
@@ -20,7 +47,7 @@ def atomic_write(path, write):
     path = str(path)
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)
-    tmp = os.path.join(directory, f".{os.path.basename(path)}.tmp{os.getpid()}")
+    tmp = os.path.join(directory, _temporary_name(path))
     try:
         write(tmp)
         fd = os.open(tmp, os.O_RDONLY)
@@ -34,8 +61,73 @@ def atomic_write(path, write):
             os.remove(tmp)
 
 
+def _temporary_name(path):
+    return f".{os.path.basename(path)}.tmp{os.getpid()}"
+
+
+def _pid_alive(pid):
+    if pid == os.getpid():  # a leftover of an earlier process that had our PID
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's live process
+        return True
+    return True
+
+
+def _prefix_pattern(prefix, kinds):
+    # binary proto snapshots have no extension after the kind, HDF5 ones end in .h5
+    return re.compile(re.escape(os.path.basename(prefix)) + r"_iter_(\d+)\.(" + kinds + r")(\.h5)?")
+
+
+def stale_temporaries(prefix):
+    """Temporary files ``atomic_write`` left behind for snapshots of ``prefix`` (a process
+    killed while writing): only this prefix's, only those whose writing process is dead."""
+    directory = os.path.dirname(os.path.abspath(prefix))
+    pattern = _prefix_pattern(prefix, "caffemodel|solverstate")
+    found = []
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return found
+    for name in names:
+        m = re.fullmatch(r"\.(.+)\.tmp(\d+)", name)
+        if m and pattern.fullmatch(m.group(1)) and not _pid_alive(int(m.group(2))):
+            found.append(os.path.join(directory, name))
+    return sorted(found)
+
+
+def remove_stale_temporaries(prefix):
+    """Remove ``stale_temporaries(prefix)``; returns the paths removed."""
+    removed = []
+    for path in stale_temporaries(prefix):
+        try:
+            os.remove(path)
+            removed.append(path)
+        except FileNotFoundError:
+            pass
+    return removed
+
+
+def snapshot_iters(prefix):
+    """Sorted iterations N of the ``<prefix>_iter_N`` snapshot files (model or solver state)."""
+    directory = os.path.dirname(os.path.abspath(prefix))
+    pattern = _prefix_pattern(prefix, "caffemodel|solverstate")
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return []
+    return sorted({int(m.group(1)) for m in map(pattern.fullmatch, names) if m})
+
+
 def save_solverstate(path, state, learned_net, extra=None):
-    """Write ``state`` (``iter``, ``current_step``, ``history``) in Caffe's HDF5 layout."""
+    """Write ``state`` (``iter``, ``current_step``, ``history``): HDF5 for a ``.h5`` name, else a
+    binary SolverState."""
+    if not _is_hdf5(path):
+        return save_solverstate_binary(path, state, learned_net, extra)
+
     def write(tmp):
         with h5py.File(tmp, "w") as f:
             f.create_dataset("iter", data=numpy.array([state["iter"]], dtype=numpy.int32))
@@ -50,7 +142,10 @@ def save_solverstate(path, state, learned_net, extra=None):
 
 
 def load_solverstate(path):
-    """Read a solverstate file written by ``save_solverstate`` (or by Caffe)."""
+    """Read a solverstate file written by ``save_solverstate`` (or by Caffe), HDF5 for a ``.h5``
+    name, else binary; returns ``(state, extra)``."""
+    if not _is_hdf5(path):
+        return load_solverstate_binary(path)
     try:
         with h5py.File(path, "r") as f:
             n = len(f["history"])
@@ -63,4 +158,41 @@ def load_solverstate(path):
             extra = json.loads(f["caffe8/extra"][()].decode()) if "caffe8/extra" in f else {}
     except (OSError, KeyError) as e:
         raise CaffeError(f"{path}: cannot read solver state: {e}") from None
+    return state, extra
+
+
+def save_solverstate_binary(path, state, learned_net, extra=None):
+    """Write a binary SolverState (Caffe's ``SnapshotSolverStateToBinaryProto``)."""
+    msg = caffe_pb2.SolverState(iter=int(state["iter"]), learned_net=str(learned_net),
+                                current_step=int(state["current_step"]))
+    for h in state["history"]:
+        array_to_blob(backend.to_numpy(h), msg.history.add())
+    if extra:
+        msg.c8_extra = json.dumps(extra).encode()
+    data = msg.SerializeToString()
+
+    def write(tmp):
+        with open(tmp, "wb") as f:
+            f.write(data)
+    atomic_write(path, write)
+
+
+def load_solverstate_binary(path):
+    """Read a binary SolverState; ``(state, extra)`` as ``load_solverstate`` returns them."""
+    try:
+        with open(path, "rb") as f:
+            raw = f.read()
+    except OSError as e:
+        raise CaffeError(f"{path}: cannot read solver state: {e.strerror}") from None
+    msg = caffe_pb2.SolverState()
+    try:
+        msg.ParseFromString(raw)
+    except Exception as e:  # protobuf's DecodeError, or an error of the C extension
+        raise CaffeError(f"{path}: not a binary solver state (SolverState): {e}") from None
+    if not msg.HasField("iter"):
+        raise CaffeError(f"{path}: not a binary solver state (no iter field)")
+    state = {"iter": msg.iter, "current_step": msg.current_step, "learned_net": msg.learned_net,
+             "history": [blob_to_array(h, f"{path}: history {i}")
+                         for i, h in enumerate(msg.history)]}
+    extra = json.loads(msg.c8_extra.decode()) if msg.HasField("c8_extra") else {}
     return state, extra

@@ -38,8 +38,7 @@ def average_outputs(net, iterations, world, on_batch=None):
         sums = flat if sums is None else sums + flat
     means = numpy.append(sums if sums is not None else numpy.zeros(0), loss) / max(iterations, 1)
     if world.size > 1:
-        from mpi4py import MPI
-        world.comm.Allreduce(MPI.IN_PLACE, means, op=MPI.SUM)
+        world.allreduce_sum_array(means)
         means /= world.size
     return outputs, means[:-1], float(means[-1])
 
@@ -65,7 +64,10 @@ def run_test(model, weights, iterations, world, log):
         for (label, _, _), v in zip(_element_names(outputs), values):
             log(f"Batch {i}, {label} = {fmt(v)}")
 
-    outputs, means, loss = average_outputs(net, iterations, world, log_batch)
+    try:
+        outputs, means, loss = average_outputs(net, iterations, world, log_batch)
+    finally:
+        net.close()  # join the data layers' prefetch threads before the process exits
     log(f"Loss: {fmt(loss)}")
     names = _element_names(outputs)
     for (label, _, w), v in zip(names, means):

@@ -10,23 +10,20 @@ import os
 import time
 
 
-from engine import backend
+from engine import backend, model_io
 from engine.errors import CaffeError, SolverError
 from engine.glog import fmt
 from engine.net import Net
-from engine.prototxt import parse_file
-from engine.snapshot import atomic_write, load_solverstate, save_solverstate
+from engine.prototxt import parse_file, to_text
+from engine.snapshot import (load_solverstate, remove_stale_temporaries, snapshot_iters,
+                             snapshot_names)
+from engine.solver import create_solver
 from engine.tester import average_outputs, output_values
-from solvers import create_solver
+from engine.world import SingleProcessWorld
 
 
 _NONFINITE, _STOP, _SNAPSHOT = 1, 2, 4
 _REQUEST_BITS = {"stop": _STOP, "snapshot": _SNAPSHOT}
-
-
-class SingleProcessWorld:
-    """The world of a run without MPI: rank 0 of 1."""
-    rank, size, comm = 0, 1, None
 
 
 def resolve_path(path, solver_path):
@@ -38,10 +35,14 @@ def resolve_path(path, solver_path):
 
 
 class Trainer:
-    """Runs a solver prototxt. ``world`` has ``rank``, ``size`` and ``comm`` (mpi4py or None)."""
+    """Runs a solver prototxt.
 
-    def __init__(self, solver_path, world=None, log=None, exchange_factory=None, timing=None,
-                 param=None):
+    ``world``: the job (``engine.world``; a single process by default). Gradient exchange and
+    other per-iteration work attach through :meth:`add_callback` (``engine.callbacks``), as
+    Caffe's ``Solver::add_callback``; the loop itself never communicates gradients.
+    """
+
+    def __init__(self, solver_path, world=None, log=None, timing=None, param=None):
         """``param``: the solver file already parsed (the CLI reads it first to pick the device)."""
         self.solver_path = str(solver_path)
         self.param = param if param is not None else parse_file(self.solver_path, "SolverParameter")
@@ -50,16 +51,24 @@ class Trainer:
         self.timing = timing
         self._validate()
         p = self.param
+        self.log("Initializing solver from parameters: \n" + to_text(p))
         if p.random_seed >= 0:
             backend.seed(int(p.random_seed) + self.world.rank)
-        self.net = self._build_train_net()
-        self.test_nets = self._build_test_nets()
-        self.solver = create_solver(p, self.net, log=self.log)
-        self.exchange = exchange_factory(self.world, p.comm, self.net) if exchange_factory else None
+        self.net, self.test_nets, self.callbacks = None, [], []
+        try:
+            self.net = self._build_train_net()
+            self.test_nets = self._build_test_nets()
+            self.solver = create_solver(p, self.net, log=self.log)
+        except BaseException:
+            self.close()  # the nets built so far hold files and prefetch threads
+            raise
+        self._last_pass = True
+        self.net.add_backward_hook(self._after_backward)
         self.losses = []
         self.smoothed_loss = 0.0
         self.last_snapshot_iter = None
         self._requests = 0
+        self.skipped_in_a_row = 0
         self.stopped_early = False
         self._broadcast_weights()
 
@@ -86,19 +95,30 @@ class Trainer:
         value = getattr(self.param, field)
         if field.endswith("_param"):
             return value
-        return resolve_path(value, self.solver_path)
+        return self._existing_net(value, field)
+
+    def _existing_net(self, value, field):
+        """The resolved path of a net file named by solver field ``field``; an error naming
+        the solver line when it does not exist."""
+        path = resolve_path(value, self.solver_path)
+        if not os.path.isfile(path):
+            raise SolverError(f"{self.param.location(field)}: solver field '{field}': net file "
+                              f"'{value}' does not exist")
+        return path
 
     def _build_train_net(self):
         p = self.param
         field = next(f for f in ("train_net_param", "train_net", "net_param", "net") if p.has(f))
         st = p.train_state
+        self.log(f"Creating training net specified in {field}" if field.endswith("_param") else
+                 f"Creating training net from {field} file: {self._net_source(field)}")
         return Net(self._net_source(field), phase="TRAIN", level=st.level, stages=tuple(st.stage),
-                   rank=self.world.rank, world=self.world.size)
+                   rank=self.world.rank, world=self.world.size, log=self.log)
 
     def _build_test_nets(self):
         p = self.param
         sources = [p.test_net_param[i] for i in range(len(p.test_net_param))]
-        sources += [resolve_path(t, self.solver_path) for t in p.test_net]
+        sources += [self._existing_net(t, "test_net") for t in p.test_net]
         generic = p.has("net") or p.has("net_param")
         if len(p.test_iter) < len(sources) or (not generic and len(p.test_iter) != len(sources)):
             raise SolverError(f"{p.location('test_iter')}: {len(p.test_iter)} test_iter value(s) "
@@ -110,22 +130,63 @@ class Trainer:
         if p.test_state and len(p.test_state) != len(sources):
             raise SolverError(f"{p.location('test_state')}: {len(p.test_state)} test_state(s) for "
                               f"{len(sources)} test net(s); give none or one per test net")
-        nets = []
-        for i, src in enumerate(sources):
+        for i, src in enumerate(sources):  # appended one by one, so close() sees every net built
             st = p.test_state[i] if i < len(p.test_state) else None
+            self.log(f"Creating test net (#{i}) specified by "
+                     + (f"file: {src}" if isinstance(src, str) else "a net parameter"))
             net = Net(src, phase="TEST", level=st.level if st else 0,
-                      stages=tuple(st.stage) if st else (), rank=self.world.rank, world=self.world.size)
+                      stages=tuple(st.stage) if st else (), rank=self.world.rank,
+                      world=self.world.size, log=self.log)
+            self.test_nets.append(net)
             net.share_trained_layers_with(self.net)
-            nets.append(net)
-        return nets
+        return self.test_nets
 
     def _broadcast_weights(self):
         """Every rank starts from rank 0's weights (bit-identical parameters from iteration 0)."""
         if self.world.size > 1:
             flat = self.net.flat_data
             host = backend.to_numpy(flat)
-            self.world.comm.Bcast(host, root=0)
+            self.world.bcast_array(host, root=0)
             flat[...] = backend.to_device(host, like=flat)
+
+    # --- callbacks (Caffe's Solver::Callback) -----------------------------------------------------
+    def add_callback(self, callback):
+        """Attach an ``engine.callbacks.SolverCallback`` (e.g. the gradient exchange)."""
+        self.callbacks.append(callback)
+
+    @property
+    def exchange(self):
+        """The first attached callback (the gradient exchange, when one is attached), or None."""
+        return self.callbacks[0] if self.callbacks else None
+
+    def _after_backward(self, layer_index, layer):
+        if self._last_pass:
+            for cb in self.callbacks:
+                cb.on_backward(layer_index)
+
+    def close(self):
+        """End the callbacks' threads, then close the train and test nets (their data layers'
+        prefetch threads are joined before files are released). Idempotent; the CLI calls it
+        in ``finally``, and ``with Trainer(...) as trainer:`` does too."""
+        callbacks, self.callbacks = self.callbacks, []
+        try:
+            for cb in callbacks:
+                cb.close()
+        finally:
+            nets = [n for n in [self.net, *self.test_nets] if n is not None]
+            busy = [name for net in nets for name in net.close()]
+            if busy:
+                self._warn(f"data layer(s) {', '.join(busy)}: prefetch thread still reading "
+                           "after the close timeout; their files stay open until it ends")
+
+    def _warn(self, message):
+        getattr(self.log, "warning", self.log)(message)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
 
     # --- the loop --------------------------------------------------------------------------------
     @property
@@ -137,12 +198,16 @@ class Trainer:
         p = self.param
         if weights:
             for w in str(weights).split(","):
+                self.log(f"Finetuning from {w}")  # Caffe's wording for loaded weights
                 self.net.copy_trained_layers_from(w)
             self._broadcast_weights()
         self.log(f"Solving {self.net.name}")
         self.log(f"Learning Rate Policy: {p.lr_policy}")
         if resume_file:
+            self.log(f"Resuming from {resume_file}")
             self.restore(resume_file)
+        if self.world.rank == 0:
+            self._check_snapshot_prefix()
         self.step(p.max_iter - self.iter, progress)
         if self.stopped_early:
             if p.snapshot_after_train and self.last_snapshot_iter != self.iter:
@@ -154,7 +219,7 @@ class Trainer:
         if p.display and self.iter % p.display == 0:
             self.net.forward()
             self._update_smoothed_loss(self.net.loss, self.iter)
-            self.log(f"Iteration {self.iter}, loss = {fmt(self.smoothed_loss)}")
+            self.log(f"Iteration {self.iter}, loss = {fmt(self._displayed_loss(self.net.loss))}")
         if p.test_interval and self.iter % p.test_interval == 0:
             self.test_all()
         self.log("Optimization Done.")
@@ -172,6 +237,8 @@ class Trainer:
             t0 = time.perf_counter()
             if self.timing is not None:
                 self.timing.begin_iteration()
+            for cb in self.callbacks:
+                cb.on_start()
             loss = sum(self._forward_backward(k == p.iter_size - 1) for k in range(p.iter_size)) / p.iter_size
             self._update_smoothed_loss(loss, start_iter)
             if p.display and self.iter % p.display == 0:
@@ -179,12 +246,12 @@ class Trainer:
                 elapsed = max(now - last_time, 1e-9)
                 rate = (self.iter - last_iter) / elapsed
                 self.log(f"Iteration {self.iter} ({fmt(rate)} iter/s, {fmt(elapsed)}s/{p.display} iters), "
-                         f"loss = {fmt(self.smoothed_loss)}")
+                         f"loss = {fmt(self._displayed_loss(loss))}")
                 last_time, last_iter = now, self.iter
                 self._log_outputs("Train", output_values(self.net))
             t_wait = time.perf_counter()
-            if self.exchange is not None:
-                self.exchange.exchange_all()  # async: waits for the thread that ran during backward
+            for cb in self.callbacks:
+                cb.on_gradients_ready()  # async exchange: waits for the thread that ran in backward
             wait = time.perf_counter() - t_wait
             flags = self._agreed_flags(loss)
             if self._gradients_finite(flags):
@@ -201,16 +268,15 @@ class Trainer:
                 break
 
     def _forward_backward(self, last_pass):
-        if self.exchange is not None:
-            self.exchange.begin_pass(last_pass)
+        self._last_pass = last_pass
         return self.net.forward_backward()
 
     def _consistency_check(self):
         """Every K iterations all ranks compare a checksum of their parameters (SPEC §6)."""
         k = self.param.comm.consistency_check_interval
-        if not k or self.exchange is None or self.iter % k:
+        if not k or not self.callbacks or self.iter % k:
             return
-        if self.exchange.checksum_check():
+        if all([cb.consistency_check() for cb in self.callbacks]):
             self.log(f"Iteration {self.iter}, consistency check: parameters bit-identical "
                      f"on all {self.world.size} ranks")
         else:
@@ -230,6 +296,11 @@ class Trainer:
             self.smoothed_loss += (loss - self.losses[idx]) / n
             self.losses[idx] = loss
 
+    def _displayed_loss(self, loss):
+        """The smoothed loss, or this iteration's own loss when that is NaN/Inf: Caffe prints
+        ``nan`` then, and a frozen average would hide that training has diverged."""
+        return self.smoothed_loss if math.isfinite(loss) else loss
+
     def request(self, action):
         """Ask the loop to "stop" (snapshot, then end, as Caffe's SIGINT) or "snapshot" (SIGHUP)
         after the current iteration; safe to call from a signal handler."""
@@ -245,20 +316,27 @@ class Trainer:
         diff = self.net.flat_diff
         finite = math.isfinite(loss) and bool(backend.get_array_module(diff).isfinite(diff).all())
         flags, self._requests = self._requests | (0 if finite else _NONFINITE), 0
-        if self.world.size > 1:
-            from mpi4py import MPI
-            flags = self.world.comm.allreduce(flags, op=MPI.BOR)
-        return flags
+        return self.world.allreduce_or(flags)
 
     def _gradients_finite(self, flags):
         """NaN/Inf policy: True to update; skip, or snapshot and stop (comm.nonfinite)."""
         if not flags & _NONFINITE:
+            self.skipped_in_a_row = 0
             return True
-        policy = self.param.comm.nonfinite
-        if policy == "skip":
-            self.log(f"Iteration {self.iter}: non-finite gradient, update skipped")
-            self.solver.iter += 1
-            return False
+        comm = self.param.comm
+        if comm.nonfinite == "skip":
+            limit = int(comm.max_consecutive_skips)
+            if self.skipped_in_a_row < limit:
+                self.skipped_in_a_row += 1
+                self.log(f"Iteration {self.iter}: non-finite gradient, update skipped "
+                         f"({self.skipped_in_a_row} of at most {limit} in a row)")
+                self.solver.iter += 1
+                return False
+            self.snapshot()
+            raise CaffeError(f"{comm.location('max_consecutive_skips')}: iteration {self.iter}: "
+                             f"non-finite loss or gradient after {limit} consecutive skipped "
+                             f"updates (comm {{ max_consecutive_skips: {limit} }}); snapshot "
+                             "written; training diverges: lower base_lr")
         self.snapshot()
         raise CaffeError(f"iteration {self.iter}: non-finite loss or gradient; snapshot written "
                          f"(set comm {{ nonfinite: \"skip\" }} in the solver to skip such updates)")
@@ -297,25 +375,38 @@ class Trainer:
             return prefix
         return os.path.splitext(self.solver_path)[0]
 
+    def _check_snapshot_prefix(self):
+        """Before training (rank 0): remove the temporaries a killed run of this prefix left
+        behind, and warn when the prefix holds snapshots newer than where this run starts —
+        another run's, which this one would overwrite or mix with."""
+        prefix = self.snapshot_prefix()
+        for path in remove_stale_temporaries(prefix):
+            self.log(f"Removed a stale snapshot temporary of a killed run: {path}")
+        newer = [n for n in snapshot_iters(prefix) if n > self.iter]
+        if newer:
+            self._warn(f"snapshot prefix {prefix} already holds snapshots of iteration(s) "
+                       f"{', '.join(map(str, newer))}, newer than this run's start (iteration "
+                       f"{self.iter}): they come from another run and will be overwritten or "
+                       "mixed with this run's; use another snapshot_prefix to keep them apart")
+
     def snapshot(self):
-        """Rank 0 writes model and solver state (HDF5, atomically). Collective: all ranks call it."""
+        """Rank 0 writes model and solver state atomically, in ``snapshot_format`` (Caffe's
+        default: binary proto). Collective: all ranks call it."""
         self.last_snapshot_iter = self.iter
         extra = self._extra_state()
-        base = f"{self.snapshot_prefix()}_iter_{self.iter}"
-        model, state = base + ".caffemodel.h5", base + ".solverstate.h5"
+        p = self.param
+        model, state = snapshot_names(self.snapshot_prefix(), self.iter, p.snapshot_format)
         failure = None
         if self.world.rank == 0:
             try:
-                self.log(f"Snapshotting to HDF5 file {model}")
-                atomic_write(model, lambda tmp: self.net.to_hdf5(tmp, write_diff=self.param.snapshot_diff))
-                self.log(f"Snapshotting solver state to HDF5 file {state}")
-                save_solverstate(state, self.solver.state(), model, extra=extra)
+                model, state = model_io.write_snapshot(
+                    self.net, self.solver.state(), self.snapshot_prefix(), self.iter,
+                    p.snapshot_format, p.snapshot_diff, extra=extra, log=self.log)
             except (OSError, CaffeError) as e:
-                failure = f"snapshot {base}: {e}"
-        if self.world.size > 1:
-            # Every rank waits until rank 0 has written (or failed): nobody aborts the job
-            # while the files are half written, and a failure is reported on every rank.
-            failure = self.world.comm.bcast(failure, root=0)
+                failure = f"snapshot {model}: {e}"
+        # Every rank waits until rank 0 has written (or failed): nobody aborts the job while
+        # the files are half written, and a failure is reported on every rank.
+        failure = self.world.bcast(failure, root=0)
         if failure:
             raise CaffeError(failure)
         return model, state
@@ -325,8 +416,8 @@ class Trainer:
         local = {"rng": backend.rng_state(),
                  "layers": self._layer_states(self.net),
                  "test_layers": [self._layer_states(net) for net in self.test_nets],
-                 "exchange": self.exchange.state() if self.exchange is not None else None}
-        ranks = self.world.comm.gather(local, root=0) if self.world.size > 1 else [local]
+                 "callbacks": [cb.state() for cb in self.callbacks]}
+        ranks = self.world.gather(local, root=0)
         return {"world": self.world.size, "ranks": ranks}
 
     @staticmethod
@@ -341,8 +432,6 @@ class Trainer:
 
     def restore(self, path):
         """Resume from a solverstate (its learned_net is loaded too), Caffe's Solver::Restore."""
-        if not str(path).endswith(".h5"):
-            raise CaffeError(f"{path}: only HDF5 solver states (.solverstate.h5) are supported")
         state, extra = load_solverstate(path)
         model = state["learned_net"]
         if model and not os.path.exists(model):
@@ -358,8 +447,10 @@ class Trainer:
             self._set_layer_states(self.net, mine["layers"])
             for net, states in zip(self.test_nets, mine.get("test_layers", [])):
                 self._set_layer_states(net, states)
-            if self.exchange is not None and mine.get("exchange"):
-                self.exchange.restore(mine["exchange"])
+            saved = mine.get("callbacks") or [mine.get("exchange")]  # older snapshots: one
+            for cb, state in zip(self.callbacks, saved):
+                if state:
+                    cb.restore(state)
         elif ranks:
             self.log(f"{path}: written by {extra.get('world')} process(es), resumed by "
                      f"{self.world.size}: random and data state restart, weights and history are exact")

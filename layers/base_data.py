@@ -16,7 +16,9 @@ the layer's dtype). This class adds:
 * ``get_state()`` / ``set_state(state)``: the JSON-able reader position after the last batch
   *consumed* (not merely prefetched), which the trainer stores in solver snapshots so a resumed
   run reads exactly the batches an uninterrupted one would;
-* ``close()``: stops the threads and releases files (dropping the layer also ends its thread).
+* ``close()``: joins the prefetch thread (a bounded wait) and only then releases files
+  (``release()``), so no reader object is used or freed on a thread that outlives the layer.
+  The Net closes its data layers (``Net.close()``); dropping a layer also ends its thread.
 """
 import abc
 import os
@@ -27,7 +29,7 @@ import numpy
 from engine import backend
 from engine.errors import DataError
 from engine.layer import Layer
-from engine.prefetch import Prefetcher
+from engine.prefetch import CLOSE_TIMEOUT_S, Prefetcher
 
 
 def shard(records, rank, world):
@@ -101,7 +103,9 @@ class BaseDataLayer(Layer):
         except DataError as e:
             if f"'{self.name}'" in str(e):
                 raise
-            raise DataError(f"layer '{self.name}' (type {self.type}): {e}") from None
+            where = self.layer_param.location()
+            where = "" if where.startswith("<") else f" at {where}"  # "<memory>": not from a file
+            raise DataError(f"layer '{self.name}' (type {self.type}){where}: {e}") from None
         self._consumed = self._state()
         self._prefetcher = Prefetcher(self._produce, self.name, self.prefetch)
 
@@ -136,19 +140,33 @@ class BaseDataLayer(Layer):
         theirs = (state.get("type"), state.get("rank"), state.get("world"))
         if theirs != mine:
             raise self.error(f"saved data state is for {theirs} (type, rank, world), not {mine}")
-        self._prefetcher.close()
+        if not self._prefetcher.close():
+            raise self.error(f"prefetch thread still busy after {CLOSE_TIMEOUT_S:g}s; "
+                             "cannot restore the saved data state")
         self.rng.bit_generator.state = state["rng"]
         self.restore_cursor(state)
         self._consumed = state
         self._prefetcher = Prefetcher(self._produce, self.name, self.prefetch)
 
-    def close(self):
-        """Stop the prefetch thread (and let subclasses release files)."""
+    def release(self):
+        """Release files and readers; called by ``close()`` once no thread uses them."""
+
+    def close(self, timeout=CLOSE_TIMEOUT_S):
+        """Join the prefetch and decode threads (waiting up to ``timeout`` s for the batch in
+        progress), then ``release()``. Returns False, releasing nothing, when the prefetch
+        thread is still busy after ``timeout`` (a later call tries again); safe to call twice."""
+        ended = True
         if getattr(self, "_prefetcher", None) is not None:
-            self._prefetcher.close()
+            ended = self._prefetcher.close(timeout)
+        if not ended:
+            return False
         if getattr(self, "_pool", None) is not None:
             self._pool.shutdown(wait=True)
             self._pool = None
+        if not getattr(self, "_released", False):
+            self._released = True
+            self.release()
+        return True
 
     def map_ordered(self, fn, items):
         """``[fn(x) for x in items]``, on ``decode_threads`` threads when more than one. Results

@@ -13,7 +13,7 @@ import numpy
 
 from engine import backend
 from engine.layer import Layer, register_layer
-from layers import native
+from layers import cudnn_conv, native
 from layers.im2col import col2im, conv_out_size, im2col
 
 #: upper bound on im2col buffer elements per chunk (64 MiB of float32)
@@ -132,6 +132,8 @@ class ConvolutionLayer(Layer):
         return geo
 
     def forward(self, bottom, top):
+        if cudnn_conv.wants(self, bottom[0].data):  # engine CUDNN/DEFAULT on CuPy arrays
+            return cudnn_conv.forward(self, bottom, top)
         geo = self._geometry_for(bottom[0].shape)
         bias = self.blobs[1].data if len(self.blobs) > 1 else None
         for b, t in zip(bottom, top):
@@ -140,6 +142,8 @@ class ConvolutionLayer(Layer):
                 add_channel_bias(t.data, bias)
 
     def backward(self, top, propagate_down, bottom):
+        if cudnn_conv.wants(self, top[0].diff):
+            return cudnn_conv.backward(self, top, propagate_down, bottom)
         geo = self._geometry_for(bottom[0].shape)
         want_w = self.param_propagate_down[0]
         want_b = len(self.blobs) > 1 and self.param_propagate_down[1]
@@ -150,7 +154,6 @@ class ConvolutionLayer(Layer):
                 geo.weight_gradient(b.data, t.diff, self.blobs[0].diff)
             if i < len(propagate_down) and propagate_down[i]:
                 geo.backward_data(t.diff, self.blobs[0].data, b.diff)
-
 
 
 def deconv_out_size(size, kernel, pad, stride, dilation):

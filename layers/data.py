@@ -159,11 +159,10 @@ class DataLayer(BaseDataLayer):
         self.transformer.transform(pixels, "CHW", out=data[i], choices=choices)
         return lab
 
-    def close(self):
-        super().close()
+    def release(self):
         if getattr(self, "env", None) is not None:
             self.cursor = None
-            if self.txn is not None:
+            if getattr(self, "txn", None) is not None:
                 self.txn.abort()
                 self.txn = None
             self.env = None

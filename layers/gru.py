@@ -32,9 +32,73 @@ static input (a third bottom) and ``expose_hidden`` are not supported and are re
 Cost: the input projection of all timesteps is one GEMM (T·N×D by D×3H), the recurrence one GEMM
 per step (N×H by H×3H), and backward the same mirrored; the weight gradients are one GEMM each
 after the time loop.
+
+On CuPy arrays each step is one cuBLAS GEMM into a preallocated buffer plus one fused elementwise
+kernel for all of the step's gate arithmetic (forward: both sigmoids, the tanh, the state update
+and the saved activations; backward: every pre-activation gradient plus the direct path of
+dL/dh' to the previous step). Nothing in the time loop reads a value back to the host, so the
+T steps queue up on the stream without a synchronisation. The NumPy path is the reference.
 """
 from engine import backend
 from engine.layer import Layer, register_layer
+
+#: One thread per (sample n, unit j) of an N×H step. Row ``n`` of the N×3H gate buffers holds
+#: [r | z | n]; ``g`` enters with the input projection W_x x_t + b_x and leaves with the gate
+#: activations; ``gh`` is W_h h'_t without its bias, added here.
+FORWARD_STEP_PARAMS = ("raw T gh, raw T hp, raw T bh, int32 H", "raw T g, raw T ghn, raw T h")
+FORWARD_STEP_OP = """
+    const int n = i / H;
+    const int j = i - n * H;
+    const int row = n * 3 * H;
+    const T p5 = (T)0.5, one = (T)1;
+    const T r = p5 * (one + tanh(p5 * (g[row + j] + gh[row + j] + bh[j])));
+    const T z = p5 * (one + tanh(p5 * (g[row + H + j] + gh[row + H + j] + bh[H + j])));
+    const T hn = gh[row + 2 * H + j] + bh[2 * H + j];
+    const T nn = tanh(g[row + 2 * H + j] + r * hn);
+    g[row + j] = r;
+    g[row + H + j] = z;
+    g[row + 2 * H + j] = nn;
+    ghn[i] = hn;
+    h[i] = nn + z * (hp[i] - nn);
+"""
+
+#: dL/dh_t = dh + c·(zg + mm): the top gradient plus what step t+1 sent back (its direct path
+#: z∘g and its recurrent GEMM d_gh·W_h, masked by cont_{t+1}); ``zg`` is then overwritten with
+#: this step's direct path for step t−1.
+BACKWARD_STEP_PARAMS = ("raw T dh, raw T c, raw T gate, raw T ghn, raw T hp, raw T mm, int32 H",
+                        "raw T dgx, raw T dgh, raw T zg")
+BACKWARD_STEP_OP = """
+    const int n = i / H;
+    const int j = i - n * H;
+    const int row = n * 3 * H;
+    const T one = (T)1;
+    const T gv = dh[i] + c[n] * (zg[i] + mm[i]);
+    const T r = gate[row + j];
+    const T z = gate[row + H + j];
+    const T nn = gate[row + 2 * H + j];
+    const T d_an = gv * (one - z) * (one - nn * nn);
+    const T d_ar = d_an * ghn[i] * r * (one - r);
+    const T d_az = gv * (hp[i] - nn) * z * (one - z);
+    dgx[row + j] = d_ar;
+    dgx[row + H + j] = d_az;
+    dgx[row + 2 * H + j] = d_an;
+    dgh[row + j] = d_ar;
+    dgh[row + H + j] = d_az;
+    dgh[row + 2 * H + j] = d_an * r;
+    zg[i] = z * gv;
+"""
+
+_kernels = {}
+
+
+def _kernel(name):
+    """The fused step kernel ``name`` ("forward" or "backward"), built on first use."""
+    k = _kernels.get(name)
+    if k is None:
+        params, op = ((FORWARD_STEP_PARAMS, FORWARD_STEP_OP) if name == "forward"
+                      else (BACKWARD_STEP_PARAMS, BACKWARD_STEP_OP))
+        k = _kernels[name] = backend.elementwise_kernel(*params, op, f"caffe8_gru_{name}_step")
+    return k
 
 
 def _sigmoid(xp, a):
@@ -112,21 +176,41 @@ class GRULayer(Layer):
         hprev = xp.empty((t_len, n, h_dim), dtype=x.dtype)  # h'_t = cont_t · h_{t−1}
         h = top[0].data
         prev = self._initial_state(xp, n, x.dtype, cont is not None)
-        for t in range(t_len):
-            hp = prev * cont[t][:, None] if cont is not None else prev
-            hprev[t] = hp
-            gh = hp @ w_h.T + b[1]
-            g = gates[t]
-            rz = _sigmoid(xp, g[:, :2 * h_dim] + gh[:, :2 * h_dim])
-            ghn[t] = gh[:, 2 * h_dim:]
-            nn = xp.tanh(g[:, 2 * h_dim:] + rz[:, :h_dim] * ghn[t])
-            g[:, :2 * h_dim] = rz
-            g[:, 2 * h_dim:] = nn
-            h[t] = nn + rz[:, h_dim:] * (hp - nn)  # (1 − z)∘n + z∘h'
-            prev = h[t]
+        if backend.is_device_array(x):
+            self._forward_fused(xp, cont, w_h, b[1], gates, ghn, hprev, h, prev)
+        else:
+            for t in range(t_len):
+                hp = prev * cont[t][:, None] if cont is not None else prev
+                hprev[t] = hp
+                gh = hp @ w_h.T + b[1]
+                g = gates[t]
+                rz = _sigmoid(xp, g[:, :2 * h_dim] + gh[:, :2 * h_dim])
+                ghn[t] = gh[:, 2 * h_dim:]
+                nn = xp.tanh(g[:, 2 * h_dim:] + rz[:, :h_dim] * ghn[t])
+                g[:, :2 * h_dim] = rz
+                g[:, 2 * h_dim:] = nn
+                h[t] = nn + rz[:, h_dim:] * (hp - nn)  # (1 − z)∘n + z∘h'
+                prev = h[t]
         self._saved = (gates, ghn, hprev)
         if cont is not None:
             self._carry = h[t_len - 1].copy()
+
+    def _forward_fused(self, xp, cont, w_h, b_h, gates, ghn, hprev, h, prev):
+        """Device time loop: per step one GEMM (into ``gh``) and one fused gate kernel."""
+        t_len, n, g_dim = gates.shape
+        h_dim = g_dim // 3
+        gh = xp.empty((n, g_dim), dtype=gates.dtype)
+        b_h = xp.ascontiguousarray(b_h)
+        w_h_t = w_h.T
+        step = _kernel("forward")
+        for t in range(t_len):
+            if cont is not None:
+                xp.multiply(prev, cont[t][:, None], out=hprev[t])
+            else:
+                hprev[t] = prev
+            xp.matmul(hprev[t], w_h_t, out=gh)
+            step(gh, hprev[t], b_h, h_dim, gates[t], ghn[t], h[t], size=n * h_dim)
+            prev = h[t]
 
     # --- backward ----------------------------------------------------------------------------
     def backward(self, top, propagate_down, bottom):
@@ -142,17 +226,38 @@ class GRULayer(Layer):
         dh = top[0].diff
         d_gx = xp.empty_like(gates)  # gradient w.r.t. the input pre-activations, T×N×3H
         d_gh = xp.empty_like(gates)  # gradient w.r.t. W_h h' + b_h, T×N×3H
-        carry = xp.zeros((n, h_dim), dtype=x.dtype)  # dL/dh_t arriving from step t+1
-        for t in range(t_len - 1, -1, -1):
-            g = dh[t] + carry
-            self._backward_step(g, gates[t], ghn[t], hprev[t], d_gx[t], d_gh[t])
-            # h_t depends on h'_t directly (through z) and through the one recurrent GEMM
-            d_hp = gates[t, :, h_dim:2 * h_dim] * g + d_gh[t] @ w_h
-            carry = d_hp * cont[t][:, None] if cont is not None else d_hp
+        if backend.is_device_array(x):
+            self._backward_fused(xp, cont, w_h, dh, gates, ghn, hprev, d_gx, d_gh)
+        else:
+            carry = xp.zeros((n, h_dim), dtype=x.dtype)  # dL/dh_t arriving from step t+1
+            for t in range(t_len - 1, -1, -1):
+                g = dh[t] + carry
+                self._backward_step(g, gates[t], ghn[t], hprev[t], d_gx[t], d_gh[t])
+                # h_t depends on h'_t directly (through z) and through the one recurrent GEMM
+                d_hp = gates[t, :, h_dim:2 * h_dim] * g + d_gh[t] @ w_h
+                carry = d_hp * cont[t][:, None] if cont is not None else d_hp
         self._accumulate_param_diffs(x, d_gx, d_gh, hprev)
         if propagate_down[0]:
             d_x = d_gx.reshape(t_len * n, 3 * h_dim) @ w_x
             bottom[0].diff[...] = d_x.reshape(bottom[0].shape)
+
+    @staticmethod
+    def _backward_fused(xp, cont, w_h, dh, gates, ghn, hprev, d_gx, d_gh):
+        """Device time loop, newest step first: one fused gradient kernel and one GEMM per step.
+        ``zg`` and ``mm`` carry step t+1's direct and recurrent parts of dL/dh'_{t+1} to step t,
+        where the kernel masks them with cont_{t+1} (zero before the last step)."""
+        t_len, n, g_dim = gates.shape
+        h_dim = g_dim // 3
+        zg = xp.zeros((n, h_dim), dtype=gates.dtype)
+        mm = xp.zeros((n, h_dim), dtype=gates.dtype)
+        ones = xp.ones((n,), dtype=gates.dtype)
+        step = _kernel("backward")
+        for t in range(t_len - 1, -1, -1):
+            c = cont[t + 1] if cont is not None and t + 1 < t_len else ones
+            step(dh[t], c, gates[t], ghn[t], hprev[t], mm, h_dim, d_gx[t], d_gh[t], zg,
+                 size=n * h_dim)
+            if t:
+                xp.matmul(d_gh[t], w_h, out=mm)
 
     @staticmethod
     def _backward_step(g, gate, ghn, hp, d_gx, d_gh):

@@ -8,6 +8,11 @@ from one file into the next. With ``shuffle`` the file order is shuffled at ever
 rows of a file each time it is loaded (Caffe's scheme, which keeps one file in memory).
 As in Caffe, HDF5Data applies no transformation (a transform_param is rejected, not ignored).
 Top shapes: (batch_size, *dataset.shape[1:]).
+
+Threads: files are read on the prefetch thread, but every h5py object lives only inside one
+call (``_read_rows``: open, read into NumPy arrays, close), so between batches the thread
+holds no h5py object, and the prefetch thread is always joined before the interpreter
+finalises (``engine.prefetch``): h5py's global lock is never held by a thread that dies.
 """
 import h5py
 import numpy
@@ -24,6 +29,13 @@ def _open_h5(path, listed_at):
         raise DataError(f"HDF5 file '{path}' (listed at {listed_at}) does not exist") from None
     except OSError as e:
         raise DataError(f"HDF5 file '{path}' (listed at {listed_at}) cannot be read: {e}") from None
+
+
+def _read_rows(path, names, first, step, listed_at):
+    """NumPy copies of rows ``first::step`` of datasets ``names``; no h5py object outlives
+    the call (a strided hyperslab: each rank reads only its own rows from disk)."""
+    with _open_h5(path, listed_at) as f:
+        return [numpy.array(_dataset(f, path, n)[first::step]) for n in names]
 
 
 def _dataset(f, path, name):
@@ -92,10 +104,7 @@ class HDF5DataLayer(BaseDataLayer):
     def _load_file(self):
         self.file_rng = self.shuffle_rng.bit_generator.state
         path, first, count = self.files[self.order[self.file_pos]]
-        with _open_h5(path, self.source) as f:
-            # a strided hyperslab: each rank reads only its own rows from disk
-            self.current = [numpy.asarray(_dataset(f, path, n)[first::self.world])
-                            for n in self.names]
+        self.current = _read_rows(path, self.names, first, self.world, self.source)
         if any(len(c) != count for c in self.current):
             raise DataError(f"HDF5 file '{path}' changed while it was being read")
         self.rows = numpy.arange(count)

@@ -20,7 +20,7 @@ import numpy
 
 from engine import backend
 from engine.layer import Layer, register_layer
-from layers import native
+from layers import cudnn_lrn, native
 
 
 def _box_sum(a, size, axes, xp):
@@ -77,6 +77,8 @@ class LRNLayer(Layer):
         return bufs
 
     def forward(self, bottom, top):
+        if cudnn_lrn.wants(self, bottom[0].data):  # ACROSS_CHANNELS, engine CUDNN/DEFAULT
+            return cudnn_lrn.forward(self, bottom, top)
         x = bottom[0].data
         xp = backend.get_array_module(x)
         self.power = None
@@ -92,6 +94,8 @@ class LRNLayer(Layer):
     def backward(self, top, propagate_down, bottom):
         if not propagate_down[0]:
             return
+        if cudnn_lrn.wants(self, bottom[0].data):
+            return cudnn_lrn.backward(self, top, propagate_down, bottom)
         x, y, dy = bottom[0].data, top[0].data, top[0].diff
         xp = backend.get_array_module(x)
         if self.power is not None and native.lrn_across_backward(

@@ -17,7 +17,7 @@ import numpy
 
 from engine import backend
 from engine.layer import Layer, register_layer
-from layers import native
+from layers import cudnn_pooling, native
 
 FLT_MAX = float(numpy.finfo(numpy.float32).max)
 FLT_MIN = float(numpy.finfo(numpy.float32).tiny)
@@ -140,6 +140,8 @@ class PoolingLayer(Layer):
         return self.out == (1, 1) and not any(self.pad) and self.k == tuple(hw)
 
     def forward(self, bottom, top):
+        if cudnn_pooling.wants(self, bottom[0].data, len(top)):  # AVE, engine CUDNN/DEFAULT
+            return cudnn_pooling.forward(self, bottom, top)
         if self.method in ("MAX", "AVE") and self._whole_image(bottom[0].shape[2:]):
             self._forward_whole_image(bottom, top)
         elif self.method == "MAX":
@@ -152,6 +154,8 @@ class PoolingLayer(Layer):
     def backward(self, top, propagate_down, bottom):
         if not propagate_down[0]:
             return
+        if cudnn_pooling.wants(self, bottom[0].data, len(top)):
+            return cudnn_pooling.backward(self, top, propagate_down, bottom)
         xp = backend.get_array_module(top[0].diff)
         dy = top[0].diff
         if self.method in ("MAX", "AVE") and self._whole_image(bottom[0].shape[2:]):

@@ -2,7 +2,7 @@
 
 * prototxt rewriting: a copy of the solver and its train net with the batch size, the ``comm``
   block and the iteration count changed, written into the output folder;
-* running ``mpiexec -n P python -m engine.cli train`` with a timeout (the whole process group is
+* running ``mpiexec -n P python -m caffe8.cli train`` with a timeout (the whole process group is
   killed when it runs over, so a hung job never blocks the sweep);
 * reading timing logs (docs/timing_schema.json) and reducing them to iteration times;
 * the sweep itself, the CSV and the throughput/speedup plot of the seed's figure 7.
@@ -214,7 +214,7 @@ def train_command(p, solver, log_paths, python=sys.executable, mpiexec="mpiexec"
     for rank in range(p):
         if rank:
             cmd.append(":")
-        cmd += ["-n", "1", python, "-m", "engine.cli", "train", "--solver", solver,
+        cmd += ["-n", "1", python, "-m", "caffe8.cli", "train", "--solver", solver,
                 "--timing-log", log_paths[rank]]
     return cmd
 
@@ -342,7 +342,7 @@ def build_parser(description, mode):
                     help="more comm block fields, FIELD=VALUE,... (e.g. algorithm=hierarchical)")
     ap.add_argument("--timeout", type=float, default=300,
                     help="seconds per run before it is killed")
-    ap.add_argument("--python", default=sys.executable, help="python that runs engine.cli")
+    ap.add_argument("--python", default=sys.executable, help="python that runs caffe8.cli")
     ap.add_argument("--mpiexec", default=_default_mpiexec(), help="mpiexec to launch with")
     ap.add_argument("--title", default="", help="plot title")
     return ap

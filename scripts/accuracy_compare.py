@@ -7,7 +7,7 @@ Usage (from the repository root; the digits data path is relative to the CWD)::
         --variants fp32,fp8,fp8_direct,fp8_flat --max-iter 1000
 
 Every variant trains the same solver (same ``random_seed``, same iterations, same test
-schedule) under ``mpiexec -n P python -m engine.cli train --log OUT/<variant>/train.log``; only
+schedule) under ``mpiexec -n P python -m caffe8.cli train --log OUT/<variant>/train.log``; only
 the solver's ``comm`` block differs. A variant is a preset name (``PRESETS``) or
 ``NAME:field=value,field=value`` with fields of the ``comm`` block, e.g.
 ``fp8_q99:codec=fp8,quantile=0.99,warmup_fp32_iters=0``.
@@ -181,7 +181,7 @@ def parse_test_log(lines, accuracy_blob="accuracy", loss_blob="loss"):
 
 # --- running, CSV, plot ----------------------------------------------------------------------
 def train_command(p, solver, log_path, python, mpiexec):
-    cmd = [python, "-m", "engine.cli", "train", "--solver", solver, "--log", log_path]
+    cmd = [python, "-m", "caffe8.cli", "train", "--solver", solver, "--log", log_path]
     return ([mpiexec, "-n", str(p)] + cmd) if p > 1 else cmd
 
 

@@ -12,6 +12,10 @@ Usage (from the repository root)::
     # the seed's CaffeNet weak scaling on TSUBAME-KFC/DL (figure 7: 192 GPUs, fp8 168x, float 114x)
     python scripts/perf_model.py seed --out docs/figures
 
+    # figure 7 point by point (CaffeNet and GoogLeNet at 192 GPUs, float and fp8), with the
+    # fp8 conversion on the GPU's compute path, and the sensitivity to single inputs
+    python scripts/perf_model.py fig7 --out docs/figures
+
     # this machine: fit latency/per-element cost from an allreduce_bench.py CSV (2 ranks) and
     # predict the p = 2 runs of a weak_scaling.py output folder from their own per-layer times
     python scripts/perf_model.py local --bench runs/allreduce_2r.csv --weak-dir runs/weak_gru
@@ -61,16 +65,23 @@ FLOAT_SUM_RATE = 1e9   # assumed: MPI_SUM float adds per second of one process (
 SEED_WEAK = {"procs": 192, "fp32": 114.0, "fp8": 168.0}         # figure 7, CaffeNet
 SEED_FB_SHARE_16_NODES = {"fp32": 0.0391, "fp8": 0.106}        # figure 5, synchronous
 SEED_2NODE_FP8_OVER_FP32_ASYNC = 2.67                           # figure 5, 2 nodes, async
+# Figure 7, both nets at 192 GPUs (8 x 24 nodes), per-GPU batch 256 (CaffeNet) / 32 (GoogLeNet)
+FIG7 = {("caffenet", "fp32"): 114.0, ("caffenet", "fp8"): 168.0,
+        ("googlenet", "fp32"): 173.0, ("googlenet", "fp8"): 170.0}
+FIG7_BATCH = {"caffenet": 256, "googlenet": 32}
 
 
 # --- the seed's CaffeNet ---------------------------------------------------------------------
-def caffenet_shapes(path=None):
-    """({layer: [tensor sizes]}, {layer: forward MACs per sample}) of CaffeNet, built at batch 1."""
+def caffenet_shapes(path=None, crop=227):
+    """({layer: [tensor sizes]}, {layer: forward MACs per sample}) of CaffeNet (or the net at
+    ``path`` with ``crop`` x ``crop`` inputs), built at batch 1."""
+    from caffe8.wiring import register_all
     from engine.net import Net
+    register_all()
     from engine.net_graph import swap_data_layers
     from engine.prototxt import parse_file
     path = path or os.path.join(REPO, "prototxt", "caffenet", "train_val.prototxt")
-    model = swap_data_layers(parse_file(path), {"data": (1, 3, 227, 227), "label": (1,)})
+    model = swap_data_layers(parse_file(path), {"data": (1, 3, crop, crop), "label": (1,)})
     net = Net(model, phase="TRAIN")
     return pm.layer_params_from_net(net), pm.layer_macs_from_net(net)
 
@@ -89,6 +100,100 @@ def codec_rates_from_fig3():
     r8 = frac * n / (t8 - 2 * frac * n * 1 / beta)
     r16 = frac * n / (t16 - 2 * frac * n * 2 / beta)
     return {"fp32": FLOAT_SUM_RATE, "fp16": r16, "fp8": r8}
+
+
+def net_layers(name, batch):
+    """LayerCosts of prototxt/NAME/train_val.prototxt at ``batch`` per GPU on TSUBAME's GK210:
+    forward MACs x 2 FLOP x batch / (peak x efficiency), backward twice that (once for the first
+    layer, which computes no input gradient)."""
+    crop = {"caffenet": 227, "googlenet": 224}[name]
+    params, macs = caffenet_shapes(os.path.join(REPO, "prototxt", name, "train_val.prototxt"),
+                                   crop)
+    rate = TSUBAME["gpu_peak_flops"] * TSUBAME["gpu_efficiency"]
+    layers = []
+    for k, (layer, m) in enumerate(macs.items()):
+        fwd = 2 * m * batch / rate
+        layers.append(pm.LayerCost(layer, fwd, fwd * (1 if k == 0 else 2), params[layer]))
+    return layers
+
+
+def fig7_points(out_dir=""):
+    """Figure 7 at 192 GPUs, point by point (CaffeNet and GoogLeNet, float and fp8): the plain
+    model (``seed``'s inputs) and the model with the fp8 conversion on the GPU's compute path
+    (``serial_convert``), plus every point under single-input changes (sensitivity)."""
+    _, codecs, network = seed_inputs()
+    layers = {n: net_layers(n, b) for n, b in FIG7_BATCH.items()}
+    p = 192
+
+    def speedup(net, codec, serial, net_layers_=None, network_=None):
+        return pm.weak_speedup(net_layers_ or layers[net], codecs[codec], network_ or network, p,
+                               "hierarchical", True, serial_convert=serial)
+
+    rows = []
+    for (net, codec), paper in FIG7.items():
+        plain = speedup(net, codec, False)
+        serial = speedup(net, codec, True)
+        rows.append({"net": net, "codec": codec, "gpus": p, "batch_per_gpu": FIG7_BATCH[net],
+                     "variant": "model", "paper": paper, "model_plain": plain,
+                     "err_plain_pct": 100 * (plain / paper - 1), "model": serial,
+                     "err_pct": 100 * (serial / paper - 1),
+                     "t1_ms": 1e3 * sum(x.forward + x.backward for x in layers[net])})
+    half_intra = pm.Network(network.alpha_intra, network.beta_intra / 2, network.alpha_inter,
+                            network.beta_inter, network.processes_per_node, network.beta_host)
+    half_host = pm.Network(network.alpha_intra, network.beta_intra, network.alpha_inter,
+                           network.beta_inter, network.processes_per_node, network.beta_host / 2)
+    for net in FIG7_BATCH:
+        faster = scaled(layers[net], 0.5 / 0.75)
+        for variant, kw in (("intra-node bandwidth / 2", {"network_": half_intra}),
+                            ("host copy bandwidth / 2", {"network_": half_host}),
+                            ("GPU efficiency 0.75", {"net_layers_": faster})):
+            for codec in ("fp32", "fp8"):
+                paper = FIG7[(net, codec)]
+                v = speedup(net, codec, True, **kw)
+                rows.append({"net": net, "codec": codec, "gpus": p,
+                             "batch_per_gpu": FIG7_BATCH[net], "variant": variant,
+                             "paper": paper, "model_plain": "", "err_plain_pct": "", "model": v,
+                             "err_pct": 100 * (v / paper - 1),
+                             "t1_ms": 1e3 * sum(x.forward + x.backward
+                                                for x in kw.get("net_layers_", layers[net]))})
+    curves = []
+    for net in FIG7_BATCH:
+        for codec in ("fp32", "fp8"):
+            for q in (1, 2, 4, 8, 16, 32, 64, 96, 128, 192):
+                curves.append({"net": net, "codec": codec, "p": q, "speedup": pm.weak_speedup(
+                    layers[net], codecs[codec], network, q, "hierarchical", True,
+                    serial_convert=True)})
+    if out_dir:
+        os.makedirs(out_dir, exist_ok=True)
+        _write_rows(rows, os.path.join(out_dir, "perf_model_fig7_points.csv"))
+        _plot_fig7([r for r in rows if r["variant"] == "model"], curves,
+                   os.path.join(out_dir, "perf_model_fig7_points.png"))
+    return rows
+
+
+def _plot_fig7(rows, curves, path):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.3))
+    for ax, net in zip(axes, FIG7_BATCH):
+        for codec, color in (("fp32", "C0"), ("fp8", "C3")):
+            pts = [c for c in curves if c["net"] == net and c["codec"] == codec]
+            ax.plot([c["p"] for c in pts], [c["speedup"] for c in pts], "-", color=color,
+                    label=f"model {codec}")
+            r = [x for x in rows if x["net"] == net and x["codec"] == codec][0]
+            ax.plot([r["gpus"]], [r["paper"]], "*", ms=12, color=color,
+                    label=f"paper {codec}: {r['paper']:.0f}x (model {r['model']:.0f}x, "
+                          f"{r['err_pct']:+.0f}%)")
+        ax.plot([1, 192], [1, 192], color="grey", lw=0.8, ls="--")
+        ax.set_title(f"{net}, batch {FIG7_BATCH[net]} per GPU, TSUBAME-KFC/DL", fontsize=10)
+        ax.set_xlabel("GPUs (8 per node)")
+        ax.set_ylabel("weak-scaling speedup")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 def seed_inputs():
@@ -262,7 +367,9 @@ def measure_convert_rate(n=1 << 20, repeats=5):
 def local_validation(bench_path, weak_dir, column="min_seconds"):
     """Predict the p = 2 runs of a weak-scaling folder from their own per-layer compute times and
     an (α, seconds/element) fit per codec of a 2-rank allreduce benchmark."""
+    from caffe8.wiring import register_all
     from engine.net import Net
+    register_all()
     bench = read_bench(bench_path, column)
     fits = {c: pm.fit_alpha_beta(pts) for c, pts in bench.items()}
     convert = measure_convert_rate()
@@ -338,7 +445,9 @@ def check_run(logs, model, bench_path, codec, overlap, p, skip=10, column="min_s
     ``logs``: the run's timing logs (rank 0's first). Measured iteration = median over
     iterations >= ``skip`` of the slowest rank's wall; measured exchange work = median of rank
     0's per-layer encode + quantile + comm + decode, summed."""
+    from caffe8.wiring import register_all
     from engine.net import Net
+    register_all()
     a, s = pm.fit_alpha_beta(read_bench(bench_path, column)[codec])
     a = max(a, 0.0)
     b = pm.CODEC_BYTES[codec]
@@ -374,7 +483,9 @@ def _median(values):
 
 # --- predict ---------------------------------------------------------------------------------
 def predict(args):
+    from caffe8.wiring import register_all
     from engine.net import Net
+    register_all()
     from engine.net_graph import swap_data_layers
     from engine.prototxt import parse_file
     model = parse_file(args.model)
@@ -409,7 +520,7 @@ def predict(args):
 
 
 def build_parser():
-    from engine.inspect_cmd import _shape_arg
+    from caffe8.inspect import _shape_arg
     from _runs import int_list
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -437,6 +548,8 @@ def build_parser():
     p.add_argument("--csv")
     s = sub.add_parser("seed", help="CaffeNet on TSUBAME-KFC/DL vs the seed's published numbers")
     s.add_argument("--out", default="", help="folder for perf_model_seed.csv/.png")
+    f7 = sub.add_parser("fig7", help="figure 7's four 192-GPU points, error per point")
+    f7.add_argument("--out", default="", help="folder for perf_model_fig7_points.csv/.png")
     lo = sub.add_parser("local", help="this machine: allreduce bench fit vs weak-scaling runs")
     lo.add_argument("--bench", required=True, help="allreduce_bench.py CSV (2 ranks)")
     lo.add_argument("--weak-dir", required=True, help="weak_scaling.py output folder")
@@ -458,6 +571,13 @@ def main(argv=None):
     args = build_parser().parse_args(argv)
     if args.cmd == "predict":
         return predict(args)
+    if args.cmd == "fig7":
+        for r in fig7_points(args.out):
+            plain = (f"plain model {r['model_plain']:.0f}x ({r['err_plain_pct']:+.1f}%) | "
+                     if r["variant"] == "model" else "")
+            print(f"{r['net']:9s} {r['codec']:4s} {r['variant']:26s} paper {r['paper']:.0f}x | "
+                  f"{plain}model {r['model']:.0f}x ({r['err_pct']:+.1f}%); T1 {r['t1_ms']:.0f} ms")
+        return 0
     if args.cmd == "seed":
         print("\n".join(seed_validation(args.out)))
         return 0

@@ -45,11 +45,11 @@ def tensor_names(net):
 
 def make_trainer(solver_path):
     """A one-process Trainer on ``solver_path`` with testing, display and snapshots off."""
-    from engine.trainer import Trainer
+    from caffe8.wiring import build_trainer
     if os.path.basename(os.path.dirname(os.path.abspath(solver_path))) == "digits":
         from engine.datasets import ensure_digits
         ensure_digits()
-    trainer = Trainer(solver_path)
+    trainer = build_trainer(solver_path)
     for field in ("test_interval", "display", "snapshot"):
         setattr(trainer.param, field, 0)
     trainer.param.snapshot_after_train = False

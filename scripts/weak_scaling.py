@@ -7,7 +7,7 @@ Usage (from the repository root)::
         --async false,true --processes-per-node 2 --max-iter 30 --repeats 3 --stat median
 
 For every codec, communication mode and P it writes a copy of the solver and net into
-OUT/p<P>_<codec>_<sync|async>/, trains with ``mpiexec -n P python -m engine.cli train
+OUT/p<P>_<codec>_<sync|async>/, trains with ``mpiexec -n P python -m caffe8.cli train
 --timing-log ...`` (one log per rank), and writes OUT/weak_scaling.csv (mean iteration seconds,
 samples/s, speedup vs one process without communication) and OUT/weak_scaling.png.
 ``--emulate LAYER=FWD_MS:BWD_MS,...`` inserts EmulatedCompute layers (GPU-like compute that

@@ -4,8 +4,8 @@
 (or the legacy ``solver_type`` enum). Every solver module is imported explicitly below so that
 its ``@register_solver`` runs.
 """
-from solvers.registry import SOLVERS, LEGACY_SOLVER_TYPES, register_solver, create_solver  # noqa: F401
-from solvers.registry import solver_type_name  # noqa: F401
+from engine.solver import SOLVERS, LEGACY_SOLVER_TYPES, register_solver, create_solver  # noqa: F401
+from engine.solver import solver_type_name  # noqa: F401
 from solvers import lr_policy  # noqa: F401
 from solvers import sgd  # noqa: F401
 from solvers import nesterov  # noqa: F401

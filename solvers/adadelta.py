@@ -5,7 +5,7 @@ h1 = m*h1 + (1-m)*diff^2;  diff *= sqrt((h2 + delta) / (h1 + delta));
 h2 = m*h2 + (1-m)*diff^2;  update = local_rate * diff.
 """
 from engine import backend
-from solvers.registry import register_solver
+from engine.solver import register_solver
 from solvers.sgd import SGDSolver
 
 

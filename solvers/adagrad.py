@@ -3,7 +3,7 @@
 Caffe refuses momentum with AdaGrad.
 """
 from engine import backend
-from solvers.registry import register_solver
+from engine.solver import register_solver
 from solvers.sgd import SGDSolver
 
 

@@ -6,7 +6,7 @@ with t = iter + 1: update = local_rate * sqrt(1-b2^t)/(1-b1^t) * m / (sqrt(v) + 
 import math
 
 from engine import backend
-from solvers.registry import register_solver
+from engine.solver import register_solver
 from solvers.sgd import SGDSolver
 
 

@@ -3,7 +3,7 @@
 h' = momentum*h + local_rate*diff;  update = (1+momentum)*h' - momentum*h  (step back, then over).
 """
 from engine import backend
-from solvers.registry import register_solver
+from engine.solver import register_solver
 from solvers.sgd import SGDSolver
 
 

@@ -4,7 +4,7 @@ d is ``rms_decay`` (0 <= d <= 1); Caffe refuses momentum with RMSProp.
 """
 from engine import backend
 from engine.errors import SolverError
-from solvers.registry import register_solver
+from engine.solver import register_solver
 from solvers.sgd import SGDSolver
 
 

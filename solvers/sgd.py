@@ -20,7 +20,7 @@ import numpy
 from engine import backend
 from engine.errors import SolverError
 from solvers import lr_policy
-from solvers.registry import register_solver
+from engine.solver import register_solver
 
 REGULARIZATION_TYPES = ("L1", "L2")
 
@@ -121,12 +121,14 @@ class SGDSolver:
         if self.param.clip_gradients < 0 or not params:
             return
         dt = self.rate_dtype.type
+        xp = backend.get_array_module(params[0].diff)
         sumsq = None
         for i, p in enumerate(params):  # fixed order: reproducible across ranks and runs
-            xp = backend.get_array_module(p.diff)
             sq = xp.multiply(p.diff, p.diff, out=self.scratch(i, 0)).sum()
-            sumsq = sq if sumsq is None else sumsq + sq  # stays on the device until here
-        norm = numpy.sqrt(dt(sumsq))
+            sumsq = sq if sumsq is None else sumsq + sq
+        # The square root runs where the sum lives; reading the norm back is the one host
+        # synchronisation clipping costs (the comparison and the log need a host number).
+        norm = dt(backend.to_numpy(xp.sqrt(xp.asarray(sumsq, dtype=dt))))
         clip = self.hyper("clip_gradients", dt)
         if norm > clip:
             scale = clip / norm

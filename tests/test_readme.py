@@ -3,7 +3,7 @@ has exactly two commands, and every `caffe8` subcommand it shows exists."""
 import os
 import re
 
-from engine.cli import build_parser
+from caffe8.cli import build_parser
 from engine.prototxt import parse_text
 
 README = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "README.md")

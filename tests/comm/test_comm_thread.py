@@ -36,6 +36,13 @@ class RecordingExchange:
         self.freed = True
 
 
+def _attach(net, callback):
+    """What the trainer does: on_backward per layer, only in the last pass of iter_size."""
+    last = [True]
+    net.add_backward_hook(lambda i, layer: callback.on_backward(i) if last[0] else None)
+    return last
+
+
 def test_shared_tensor_goes_with_its_lowest_layer():
     s0, s1, s2 = slice(0, 4), slice(4, 6), slice(6, 9)
     schedule = build_schedule({1: [(0, s0), (1, s1)], 3: [(0, s2)], 5: [(0, s0)]})
@@ -47,14 +54,16 @@ def test_every_tensor_once_per_iteration(asynchronous):
     net = Net(SMALL, phase="TRAIN")
     fake = RecordingExchange()
     ex = LayerwiseExchange(fake, net, asynchronous)
+    last = _attach(net, ex)
     expected = sorted({(sl.start, sl.stop) for v in net.layer_param_slices.values() for _, sl in v})
     for _ in range(2):
         net.clear_param_diffs()
-        ex.begin_pass(False)       # iter_size 2: the first pass exchanges nothing
+        ex.on_start()
+        last[0] = False            # iter_size 2: the first pass exchanges nothing
         net.forward_backward()
-        ex.begin_pass(True)
+        last[0] = True
         net.forward_backward()
-        ex.exchange_all()
+        ex.on_gradients_ready()
     ex.close()
     assert fake.ended == 2 and fake.freed
     assert sorted(s for _, s in fake.calls[:len(expected)]) == expected
@@ -73,8 +82,9 @@ def test_thread_error_surfaces_with_layer_name():
     i = next(i for i, layer in enumerate(net.layers) if layer.name == "conv2")
     sl = net.layer_param_slices[i][0][1]
     ex = LayerwiseExchange(RecordingExchange(fail_at=(sl.start, sl.stop)), net, True)
-    ex.begin_pass(True)
+    _attach(net, ex)
+    ex.on_start()
     net.forward_backward()
     with pytest.raises(CaffeError, match="layer 'conv2'.*link down"):
-        ex.exchange_all()
+        ex.on_gradients_ready()
     ex.close()

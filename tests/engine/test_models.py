@@ -11,7 +11,7 @@ import numpy
 import pytest
 
 from engine.errors import LayerError
-from engine.inspect_cmd import inspect_main
+from caffe8.inspect import inspect_main
 from engine.net import Net
 from engine.net_graph import filter_net, swap_data_layers
 from engine.prototxt import parse_file, parse_text

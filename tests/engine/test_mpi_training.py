@@ -25,7 +25,7 @@ def _mpiexec():
 
 def run_train(n, solver, cwd, *extra, timeout=300):
     env = dict(os.environ, PYTHONPATH=REPO)
-    cmd = [_mpiexec(), "-n", str(n), sys.executable, "-m", "engine.cli", "train", "--solver", solver, *extra]
+    cmd = [_mpiexec(), "-n", str(n), sys.executable, "-m", "caffe8.cli", "train", "--solver", solver, *extra]
     return subprocess.run(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                           text=True, timeout=timeout)
 
@@ -82,15 +82,16 @@ def test_bad_input_fails_on_every_rank_without_hang(in_digits_cwd, tmp_path):
                    'lr_policy: "fixed"\nbogus_field: 3\n')
     r = run_train(2, str(bad), in_digits_cwd, timeout=60)
     assert r.returncode != 0
-    errors = [l for l in r.stdout.splitlines() if l.startswith("caffe8: error:")]
-    assert errors and all("bad.prototxt:5:1" in e and "bogus_field" in e for e in errors)
+    errors = [l for l in r.stdout.splitlines() if "caffe8: error:" in l]
+    assert len(errors) == 1 and re.match(r"\[rank \d\] caffe8: error: ", errors[0])  # one rank
+    assert "bad.prototxt:5:1" in errors[0] and "bogus_field" in errors[0]
     assert "Traceback" not in r.stdout
 
 
 def test_single_process_train_without_mpi4py(in_digits_cwd, tmp_path):
     solver = write_solver(tmp_path, max_iter=5, display=5, test_interval=0, test_iter=[], snapshot=0)
     code = ("import sys; sys.modules['mpi4py'] = None\n"
-            "from engine.cli import main\n"
+            "from caffe8.cli import main\n"
             f"sys.exit(main(['train', '--solver', {solver!r}]))")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PMI_", "OMPI_", "MPI_"))}
     env["PYTHONPATH"] = REPO
@@ -167,7 +168,7 @@ def test_sigint_stops_after_the_iteration_with_a_snapshot(in_digits_cwd, tmp_pat
     solver = write_solver(tmp_path, max_iter=100000, display=10, test_interval=0, test_iter=[],
                           snapshot=0)
     env = dict(os.environ, PYTHONPATH=REPO)
-    cmd = [sys.executable, "-m", "engine.cli", "train", "--solver", solver]
+    cmd = [sys.executable, "-m", "caffe8.cli", "train", "--solver", solver]
     if ranks > 1:
         cmd = [_mpiexec(), "-n", str(ranks)] + cmd
     proc = subprocess.Popen(cmd, cwd=in_digits_cwd, env=env, stdout=subprocess.PIPE,

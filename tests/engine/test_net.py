@@ -77,6 +77,42 @@ def test_loss_weight_on_a_non_loss_top_closed_form():
     numpy.testing.assert_allclose(net.params["a"][1].diff, g.sum(0), rtol=1e-12)
 
 
+def test_loss_stays_an_array_until_read_and_net_loss_is_a_float():
+    """Two weighted tops: forward_loss(as_float=False) hands back the un-read float64 array (on a
+    GPU, a device scalar), and the float view of the same sum is what Net.loss and the default
+    return give."""
+    net = build(DATA + linear("a", "x", "y", extra="loss_weight: 0.5") + halfsq("l", "y"),
+                dtype=numpy.float64)
+    w, b = net.params["a"][0].data.copy(), net.params["a"][1].data.copy()
+    y = x_data() @ w.T + b
+    want = 0.5 * y.sum() + 0.5 * (y ** 2).sum()
+    lazy = net.forward_loss(as_float=False)
+    assert isinstance(lazy, numpy.ndarray) or isinstance(lazy, numpy.generic)
+    assert numpy.asarray(lazy).dtype == numpy.float64
+    assert type(net.loss) is float and net.loss == pytest.approx(want, rel=1e-12)
+    assert float(lazy) == net.loss
+    eager = net.forward_loss()
+    assert type(eager) is float and eager == net.loss
+    assert type(net.forward_backward(as_float=False)) is not float
+
+
+@pytest.mark.gpu
+def test_loss_stays_on_the_device_until_read():
+    from engine import backend
+    text = DATA + linear("a", "x", "y", extra="loss_weight: 0.5") + halfsq("l", "y")
+    host = build(text, dtype=numpy.float64)
+    want = host.forward_loss()
+    backend.use_gpu()
+    try:
+        net = build(text, dtype=numpy.float64)
+        net.flat_data[...] = backend.to_device(host.flat_data, like=net.flat_data)
+        lazy = net.forward_loss(as_float=False)
+        assert isinstance(lazy, backend.cupy.ndarray) and lazy.shape == ()
+        assert type(net.loss) is float and net.loss == pytest.approx(want, rel=1e-12)
+    finally:
+        backend.use_cpu()
+
+
 def test_param_diffs_accumulate_over_backward_calls():
     net = build(DATA + linear("a", "x", "y") + halfsq("l", "y"), dtype=numpy.float64)
     net.forward_backward()
@@ -297,10 +333,22 @@ def test_hdf5_diff_tree_and_missing_param(tmp_path):
         build(SHARED, weights=path)
 
 
-def test_log_receives_caffe_top_shape_lines():
+def test_log_receives_caffe_setup_section():
     lines = []
-    build(DATA + linear("a", "x", "y", n=5), log=lines.append)
-    assert lines == ["Top shape: 3 4 (12)", "Top shape: 3 (3)", "Top shape: 3 5 (15)"]
+    build(DATA + linear("a", "x", "y", n=5) + halfsq("l", "y"), log=lines.append)
+    assert lines[0].startswith("Initializing net from parameters: \n")
+    # Caffe's net.cpp lines in its order; memory = running count of top values x 4 bytes
+    assert lines[1:] == [
+        "Creating layer in", "Creating Layer in", "in -> x", "in -> t", "Setting up in",
+        "Top shape: 3 4 (12)", "Top shape: 3 (3)", "Memory required for data: 60",
+        "Creating layer a", "Creating Layer a", "a <- x", "a -> y", "Setting up a",
+        "Top shape: 3 5 (15)", "Memory required for data: 120",
+        "Creating layer l", "Creating Layer l", "l <- y", "l -> l", "Setting up l",
+        "Top shape: (1)", "Memory required for data: 124",
+        "l needs backward computation.", "a needs backward computation.",
+        "in does not need backward computation.",
+        "This network produces output l", "This network produces output t",
+        "Network initialization done."]
 
 
 def test_hdf5_shape_mismatch_names_the_layer(tmp_path):

@@ -17,7 +17,7 @@ def test_defaults_follow_caffe():
     assert l.inner_product_param.weight_filler.type == "constant"
     s = parse_text("", "s", "SolverParameter")
     assert (s.type, s.iter_size, s.average_loss, s.clip_gradients, s.delta) == ("SGD", 1, 1, -1.0, 1e-8)
-    assert s.snapshot_format == "HDF5" and s.test_initialization is True
+    assert s.snapshot_format == "BINARYPROTO" and s.test_initialization is True  # Caffe's default
     assert s.comm.codec == "fp8" and s.comm.quantile == pytest.approx(0.95) and s.comm.samples == 1024
 
 

@@ -8,7 +8,7 @@ import h5py
 import numpy
 import pytest
 
-from engine.errors import CaffeError, SolverError
+from engine.errors import CaffeError, PrototxtError, SolverError
 from engine.glog import GLog
 from engine.prototxt import parse_file, parse_text, to_text
 from engine.trainer import Trainer
@@ -68,6 +68,33 @@ def test_resume_is_bit_identical(in_digits_cwd, tmp_path):
     # Control: without the saved RNG/data state the continuation differs (the test can fail).
     w10 = _h5_datasets(tmp_path / "a" / "snap" / "digits_iter_10.caffemodel.h5")
     assert any(not numpy.array_equal(w10[k], a[k]) for k in a)
+
+
+def test_binary_snapshots_resume_bit_identically(in_digits_cwd, tmp_path):
+    """Caffe's default snapshot_format (BINARYPROTO): .caffemodel/.solverstate, read back with
+    protobuf directly, and a resume from them continues exactly as the uninterrupted run."""
+    from engine.proto import caffe_pb2
+    net = _shuffling_dropout_net(tmp_path)
+    common = dict(max_iter=20, test_interval=0, test_iter=[], display=0,
+                  snapshot_format="BINARYPROTO")
+    Trainer(write_solver(tmp_path / "a", net, snapshot=10, **common)).solve()
+    first = tmp_path / "a" / "snap" / "digits_iter_10.solverstate"
+    assert first.exists() and not list((tmp_path / "a" / "snap").glob("*.h5"))
+    Trainer(write_solver(tmp_path / "b", net, snapshot=0, **common)).solve(resume_file=str(first))
+
+    def blobs(path):
+        msg = caffe_pb2.NetParameter()
+        msg.ParseFromString(path.read_bytes())
+        return {(l.name, i): numpy.array(b.data, numpy.float32)
+                for l in msg.layer for i, b in enumerate(l.blobs)}
+    a = blobs(tmp_path / "a" / "snap" / "digits_iter_20.caffemodel")
+    b = blobs(tmp_path / "b" / "snap" / "digits_iter_20.caffemodel")
+    assert a.keys() == b.keys() and len(a) == 8
+    for k in a:
+        assert numpy.array_equal(a[k], b[k]), k
+    state = caffe_pb2.SolverState()
+    state.ParseFromString((tmp_path / "b" / "snap" / "digits_iter_20.solverstate").read_bytes())
+    assert state.iter == 20 and len(state.history) == 8
 
 
 # parse_log.py's regular expressions (BVLC tools/extra/parse_log.py), and its timestamp rule.
@@ -145,7 +172,8 @@ def test_log_parses_with_caffe_parse_log_rules(in_digits_cwd, tmp_path):
      ["test_state", "2 test net"]),
 ])
 def test_bad_solver_values_name_the_field(in_digits_cwd, tmp_path, fields, words):
-    with pytest.raises(SolverError) as e:
+    # values outside caffe.proto's allowed ranges/choices fail when the file is parsed
+    with pytest.raises((SolverError, PrototxtError)) as e:
         Trainer(write_solver(tmp_path, **fields))
     for w in words:
         assert w in str(e.value)

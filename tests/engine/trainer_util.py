@@ -11,10 +11,12 @@ DIGITS_SOLVER = os.path.join(REPO, "prototxt", "digits", "solver.prototxt")
 def write_solver(folder, net_path=DIGITS_NET, **fields):
     """A copy of the digits solver in ``folder`` with ``fields`` overridden; returns its path.
 
-    ``comm`` may be given as a dict of comm-block fields.
+    ``comm`` may be given as a dict of comm-block fields. Snapshots are HDF5 unless
+    ``snapshot_format`` says otherwise (the tests read them with h5py).
     """
     sp = parse_file(DIGITS_SOLVER, "SolverParameter")
     sp.net = str(net_path)
+    sp.snapshot_format = fields.pop("snapshot_format", "HDF5")
     sp.snapshot_prefix = os.path.join(str(folder), "snap", "digits")
     comm = fields.pop("comm", {})
     for k, v in fields.items():

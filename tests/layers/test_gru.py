@@ -189,3 +189,123 @@ def test_new_batch_size_starts_from_zero_state():
     layer.reshape(bottom, top)
     layer.forward(bottom, top)
     numpy.testing.assert_allclose(top[0].data, naive_gru(x, None, *params(layer)), rtol=1e-12)
+
+
+# --- the fused device step kernels, compiled for the host ----------------------------------------
+def _host_kernels(tmp_path):
+    """Compile gru's kernel bodies (the exact CUDA source strings) as C++ loops over ``i`` with
+    T = double; None when no C++ compiler is available."""
+    import ctypes
+    import shutil
+    import subprocess
+
+    from layers import gru as gru_module
+    cxx = shutil.which("g++") or shutil.which("c++")
+    if cxx is None:
+        return None
+
+    def c_params(spec):
+        out = []
+        for p in spec.split(","):
+            words = p.split()
+            out.append(f"int {words[-1]}" if words[0] == "int32" else f"T* {words[-1]}")
+        return out
+
+    funcs = []
+    for name, params, op in (("forward", gru_module.FORWARD_STEP_PARAMS, gru_module.FORWARD_STEP_OP),
+                             ("backward", gru_module.BACKWARD_STEP_PARAMS,
+                              gru_module.BACKWARD_STEP_OP)):
+        args = ", ".join(["long size"] + c_params(params[0]) + c_params(params[1]))
+        funcs.append(f'extern "C" void {name}({args}) {{\n  for (long i = 0; i < size; ++i) '
+                     f'{{\n{op}\n  }}\n}}\n')
+    src = tmp_path / "gru_steps.cpp"
+    src.write_text("#include <cmath>\nusing std::tanh;\ntypedef double T;\n" + "".join(funcs))
+    lib = tmp_path / "gru_steps.so"
+    subprocess.run([cxx, "-O1", "-shared", "-fPIC", str(src), "-o", str(lib)], check=True)
+    dll = ctypes.CDLL(str(lib))
+
+    def launcher(fn):
+        def launch(*args, size):
+            converted = []
+            for a in args:
+                if isinstance(a, numpy.ndarray):
+                    assert a.flags.c_contiguous and a.dtype == numpy.float64
+                    converted.append(ctypes.c_void_p(a.ctypes.data))
+                else:
+                    converted.append(ctypes.c_int(int(a)))
+            fn(ctypes.c_long(size), *converted)
+        return launch
+    return {"forward": launcher(dll.forward), "backward": launcher(dll.backward)}
+
+
+@pytest.mark.parametrize("with_cont", [True, False])
+def test_fused_device_loop_matches_numpy_path(tmp_path, monkeypatch, with_cont):
+    """The device time loops (one GEMM + one fused kernel per step) run on the host with the
+    kernels' own source compiled by a C++ compiler: same results as the NumPy path, across two
+    forwards (state carried through cont) and accumulated backward passes."""
+    from layers import gru as gru_module
+    kernels = _host_kernels(tmp_path)
+    if kernels is None:
+        pytest.skip("no C++ compiler to build the kernels for the host")
+    rng = numpy.random.default_rng(11)
+    x = rng.standard_normal((5, 3, 4))
+    cont = numpy.array([[0, 0, 0], [1, 1, 1], [1, 0, 1], [0, 1, 1], [1, 1, 0]], float)
+    runs = []
+    for fused in (False, True):
+        monkeypatch.setattr(backend, "is_device_array", lambda a, fused=fused: fused)
+        monkeypatch.setattr(gru_module, "_kernel", kernels.__getitem__)
+        layer = make_layer(num_output=6, n_bottom=2 if with_cont else 1)
+        bottom = [blob_of(x)] + ([blob_of(cont)] if with_cont else [])
+        top = run_forward(layer, bottom)
+        prng = numpy.random.default_rng(10)
+        for p in layer.blobs:
+            p.data[...] = prng.uniform(-0.6, 0.6, p.shape)
+        layer._carry = None
+        layer.forward(bottom, [top])
+        layer.forward(bottom, [top])  # second forward: h_{-1} carried over when cont is given
+        top.diff[...] = numpy.random.default_rng(12).standard_normal(top.shape)
+        layer.backward([top], [True] + [False] * (len(bottom) - 1), bottom)
+        layer.backward([top], [True] + [False] * (len(bottom) - 1), bottom)
+        runs.append([top.data.copy(), bottom[0].diff.copy()] + [p.diff.copy() for p in layer.blobs])
+    for got, want in zip(runs[1], runs[0]):
+        numpy.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-13)
+    # and the reference itself is right: the second forward continues from the first's last state
+    if with_cont:
+        first = naive_gru(x, cont, *params(layer))
+        numpy.testing.assert_allclose(runs[1][0], naive_gru(x, cont, *params(layer),
+                                                            h_init=first[-1]), rtol=1e-12)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype, rtol, atol", [(numpy.float64, 1e-10, 1e-12),
+                                               (numpy.float32, 2e-4, 2e-5)])
+def test_fused_gpu_path_matches_numpy_path(dtype, rtol, atol):
+    cp = backend.cupy
+    rng = numpy.random.default_rng(13)
+    t_len, n, d, h = 7, 5, 6, 9
+    x = rng.standard_normal((t_len, n, d))
+    cont = (rng.random((t_len, n)) > 0.2).astype(float)
+    dy = rng.standard_normal((t_len, n, h))
+    results = []
+    for xp in (numpy, cp):
+        text = ('name: "gru" type: "GRU" bottom: "x" bottom: "cont" top: "h" recurrent_param { '
+                f'num_output: {h} weight_filler {{ type: "uniform" min: -0.5 max: 0.5 }} '
+                'bias_filler { type: "uniform" min: -0.5 max: 0.5 } }')
+        layer = create_layer(parse_layer(text), dtype=dtype)
+        bottom = [Blob(x.shape, dtype, xp=xp), Blob(cont.shape, dtype, xp=xp)]
+        bottom[0].data[...] = xp.asarray(x.astype(dtype))
+        bottom[1].data[...] = xp.asarray(cont.astype(dtype))
+        top = Blob((0,), dtype, xp=xp)
+        layer.setup(bottom, [top])
+        prng = numpy.random.default_rng(14)
+        for p in layer.blobs:
+            p.data = xp.asarray(prng.uniform(-0.5, 0.5, p.shape).astype(dtype))
+            p.diff = xp.zeros(p.shape, dtype=dtype)
+        layer.forward(bottom, [top])
+        layer.forward(bottom, [top])
+        top.diff[...] = xp.asarray(dy.astype(dtype))
+        layer.backward([top], [True, False], bottom)
+        results.append([backend.to_numpy(a) for a in
+                        [top.data, bottom[0].diff] + [p.diff for p in layer.blobs]])
+    for got, want in zip(results[1], results[0]):
+        numpy.testing.assert_allclose(got, want, rtol=rtol, atol=atol)

@@ -47,7 +47,7 @@ def validator():
 def single_log(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("timing1")
     log = str(tmp / "t.jsonl")
-    _train([sys.executable, "-m", "engine.cli", "train", "--solver",
+    _train([sys.executable, "-m", "caffe8.cli", "train", "--solver",
             os.path.join(DATA, "tiny_solver.prototxt"), "--timing-log", log], str(tmp))
     return _records(log)
 
@@ -114,7 +114,7 @@ def test_two_rank_records_validate(validator, tmp_path):
     logs = [str(tmp_path / f"r{r}.jsonl") for r in range(2)]
     cmd = [MPIEXEC]
     for r in range(2):
-        cmd += ([":"] if r else []) + ["-n", "1", sys.executable, "-m", "engine.cli", "train",
+        cmd += ([":"] if r else []) + ["-n", "1", sys.executable, "-m", "caffe8.cli", "train",
                                        "--solver", str(solver), "--timing-log", logs[r]]
     _train(cmd, str(tmp_path))
     for rank, log in enumerate(logs):

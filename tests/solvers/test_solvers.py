@@ -137,6 +137,21 @@ def test_gradient_clipping_message_format():
                            f"by scale factor {2 / norm:g}")
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype, rtol, atol", [(numpy.float64, 1e-12, 1e-13),
+                                               (numpy.float32, 1e-5, 2e-6)])
+def test_gradient_clipping_on_cupy_matches_reference(dtype, rtol, atol):
+    hp = hyperparameters("SGD", dtype)
+    w0 = initial_weights()
+    net = FakeNet(w0, dtype, xp=backend.cupy)
+    messages = []
+    got = run_solver(make_solver("SGD", hp, net, log=messages.append), net, N_ITERS)
+    want, clipped = reference_run("SGD", hp, w0, N_ITERS)
+    assert all(clipped)
+    assert sum("Gradient clipping" in m for m in messages) == N_ITERS
+    assert_trajectories_close(got, want, rtol, atol)
+
+
 def test_no_clipping_below_the_threshold_and_clip_off_by_default():
     for clip in (1e6, None):
         hp = hyperparameters("SGD", numpy.float64, clip_gradients=clip)

@@ -1,4 +1,8 @@
-"""Solver registry keyed by Caffe's ``type`` string, and the ``create_solver`` factory."""
+"""Solver registry keyed by Caffe's ``type`` string, and the ``create_solver`` factory.
+
+The solver classes live in ``solvers/`` and register themselves here with ``@register_solver``;
+whoever builds a trainer imports that package first (the ``caffe8`` composition root does).
+"""
 from engine.errors import SolverError
 from engine.registry import registrar
 
@@ -32,6 +36,9 @@ def create_solver(solver_param, net, log=None):
     """
     name = solver_type_name(solver_param)
     cls = SOLVERS.get(name)
+    if not SOLVERS:
+        raise SolverError("no solver types are registered: import caffe8 (or the solvers package) "
+                          "before building a solver")
     if cls is None:
         raise SolverError(f"{solver_param.location('type')}: unknown solver type '{name}' "
                           "(field 'type'); valid types: " + ", ".join(sorted(SOLVERS)))

@@ -1,0 +1,30 @@
+"""pycaffe's surface: ``import caffe8 as caffe`` and use it as ``caffe``.
+
+Nets (``Net``, ``TRAIN``/``TEST``), solvers (``SGDSolver`` ... ``get_solver``), the device
+(``set_mode_cpu``, ``set_mode_gpu``, ``set_device``, ``set_random_seed``), ``io``,
+``Classifier``, ``Detector``, ``NetSpec`` with ``layers``/``params``, and ``proto.caffe_pb2``.
+"""
+from caffe8.wiring import register_all
+
+register_all()
+
+from caffe8 import io, proto  # noqa: E402
+from caffe8.classifier import Classifier  # noqa: E402
+from caffe8.detector import Detector  # noqa: E402
+from caffe8.device import (layer_type_list, set_device, set_mode_cpu, set_mode_gpu,  # noqa: E402
+                           set_random_seed)
+from caffe8.net_spec import NetSpec, layers, params, to_proto  # noqa: E402
+from caffe8.proto import caffe_pb2  # noqa: E402, F401  (so that caffe8.proto.caffe_pb2 resolves)
+from caffe8.pylog import init_log, log  # noqa: E402
+from caffe8.pynet import Blob, Layer, Net  # noqa: E402
+from caffe8.pysolver import (AdaDeltaSolver, AdaGradSolver, AdamSolver,  # noqa: E402
+                             NesterovSolver, RMSPropSolver, SGDSolver, Solver, get_solver)
+
+#: Caffe's Phase enum, as pycaffe exposes it
+TRAIN, TEST = 0, 1
+
+__all__ = ["Net", "Blob", "Layer", "TRAIN", "TEST", "Solver", "SGDSolver", "NesterovSolver",
+           "AdaGradSolver", "RMSPropSolver", "AdaDeltaSolver", "AdamSolver", "get_solver",
+           "set_mode_cpu", "set_mode_gpu", "set_device", "set_random_seed", "layer_type_list",
+           "io", "proto", "Classifier", "Detector", "NetSpec", "layers", "params", "to_proto",
+           "init_log", "log"]

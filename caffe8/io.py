@@ -1,0 +1,245 @@
+"""pycaffe's ``caffe.io``: image loading and resizing, the input ``Transformer``, oversampling,
+and conversions between arrays and Caffe's BlobProto / Datum messages.
+
+Images are H×W×K float32 arrays in [0, 1] (``load_image``), as in pycaffe; the Transformer
+turns them into the net's K×H×W layout. Resizing is bilinear with pixel centres aligned and
+edge pixels repeated (scipy), in place of pycaffe's scikit-image call.
+"""
+import numpy
+
+from caffe8.proto import caffe_pb2
+from engine.errors import CaffeError, DataError
+from engine.proto.blobs import array_to_blob, blob_shape, blob_to_array
+
+# scikit-image's rgb2gray weights (ITU-R BT.709), which pycaffe's load_image(color=False) uses
+_GREY = numpy.array([0.2125, 0.7154, 0.0721], dtype=numpy.float32)
+
+
+# --- arrays and messages (caffe_pb2 objects) ----------------------------------------------------
+def blobproto_to_array(blob, return_diff=False):
+    """The array of a BlobProto (its ``shape``, else legacy num/channels/height/width)."""
+    if not return_diff:
+        return blob_to_array(blob)
+    diff = blob.double_diff if len(blob.double_diff) else blob.diff
+    return numpy.array(diff, dtype=numpy.float64 if len(blob.double_diff) else numpy.float32
+                       ).reshape(blob_shape(blob))
+
+
+def array_to_blobproto(arr, diff=None):
+    """A BlobProto holding ``arr`` as float32 (and ``diff`` of the same shape, if given)."""
+    arr = numpy.asarray(arr, dtype=numpy.float32)
+    if diff is not None:
+        diff = numpy.asarray(diff, dtype=numpy.float32)
+        if diff.shape != arr.shape:
+            raise CaffeError(f"array_to_blobproto: diff shape {diff.shape} differs from the "
+                             f"data shape {arr.shape}")
+    return array_to_blob(arr, caffe_pb2.BlobProto(), diff)
+
+
+def arraylist_to_blobprotovector_str(arraylist):
+    """A serialised BlobProtoVector of the arrays."""
+    vec = caffe_pb2.BlobProtoVector()
+    vec.blobs.extend(array_to_blobproto(a) for a in arraylist)
+    return vec.SerializeToString()
+
+
+def blobprotovector_str_to_arraylist(text):
+    """The arrays of a serialised BlobProtoVector."""
+    vec = caffe_pb2.BlobProtoVector()
+    vec.ParseFromString(text)
+    return [blobproto_to_array(b) for b in vec.blobs]
+
+
+def array_to_datum(arr, label=None):
+    """A Datum of a C×H×W array: uint8 pixels in ``data``, other types in ``float_data``."""
+    arr = numpy.asarray(arr)
+    if arr.ndim != 3:
+        raise CaffeError(f"array_to_datum: expected a C×H×W array, got shape {arr.shape}")
+    datum = caffe_pb2.Datum()
+    datum.channels, datum.height, datum.width = (int(d) for d in arr.shape)
+    if arr.dtype == numpy.uint8:
+        datum.data = arr.tobytes()
+    else:
+        datum.float_data.extend(arr.astype(float).ravel())
+    if label is not None:
+        datum.label = int(label)
+    return datum
+
+
+def datum_to_array(datum):
+    """The C×H×W array of a (not encoded) Datum: uint8 from ``data``, else ``float_data``
+    (as floats, as pycaffe)."""
+    shape = (datum.channels, datum.height, datum.width)
+    if len(datum.data):
+        values = numpy.frombuffer(bytes(datum.data), dtype=numpy.uint8)
+    else:
+        values = numpy.array(datum.float_data, dtype=float)
+    if values.size != int(numpy.prod(shape)):
+        raise DataError(f"datum_to_array: the Datum holds {values.size} values for "
+                        f"channels×height×width = {shape}")
+    return values.reshape(shape)
+
+
+# --- images ----------------------------------------------------------------------------------
+def load_image(filename, color=True):
+    """An image file as H×W×3 (``color``) or H×W×1 float32 in [0, 1]."""
+    from PIL import Image
+    try:
+        with Image.open(filename) as im:
+            im.load()
+            mode = im.mode
+            if mode in ("I;16", "I;16B", "I"):
+                img = numpy.asarray(im, dtype=numpy.float32) / 65535.0
+            else:
+                img = numpy.asarray(im.convert("RGBA" if "A" in mode else
+                                               "RGB" if mode not in ("L", "1") else "L"),
+                                    dtype=numpy.float32) / 255.0
+    except OSError as e:
+        raise DataError(f"{filename}: cannot read image: {e}") from None
+    if img.ndim == 2:
+        img = img[:, :, None]
+    if img.shape[2] == 4:
+        img = img[:, :, :3]
+    if color and img.shape[2] == 1:
+        img = numpy.tile(img, (1, 1, 3))
+    elif not color and img.shape[2] == 3:
+        img = (img @ _GREY)[:, :, None]
+    return img.astype(numpy.float32)
+
+
+def resize_image(im, new_dims, interp_order=1):
+    """Resize an H×W×K image to ``new_dims`` (H', W'); bilinear by default (order 0: nearest)."""
+    from scipy import ndimage
+    im = numpy.asarray(im, dtype=numpy.float32)
+    h, w = int(new_dims[0]), int(new_dims[1])
+    if im.shape[:2] == (h, w):
+        return im.copy()
+    if im.max() == im.min():  # a constant image stays exactly constant
+        return numpy.full((h, w, im.shape[2]), im.min(), dtype=numpy.float32)
+    # pixel centres aligned: source coordinate (i + 1/2)·(H/H') − 1/2
+    ys = (numpy.arange(h) + 0.5) * (im.shape[0] / h) - 0.5
+    xs = (numpy.arange(w) + 0.5) * (im.shape[1] / w) - 0.5
+    yy, xx = numpy.meshgrid(ys, xs, indexing="ij")
+    out = numpy.empty((h, w, im.shape[2]), dtype=numpy.float32)
+    for k in range(im.shape[2]):
+        out[:, :, k] = ndimage.map_coordinates(im[:, :, k], [yy, xx], order=interp_order,
+                                               mode="nearest")
+    return out
+
+
+def oversample(images, crop_dims):
+    """Ten crops per image: the four corners and the centre, then the same five mirrored."""
+    images = list(images)
+    im_h, im_w, k = images[0].shape
+    ch, cw = int(crop_dims[0]), int(crop_dims[1])
+    if ch > im_h or cw > im_w:
+        raise CaffeError(f"oversample: crop {ch}×{cw} is larger than the image {im_h}×{im_w}")
+    origins = [(0, 0), (0, im_w - cw), (im_h - ch, 0), (im_h - ch, im_w - cw),
+               (int(im_h / 2.0 - ch / 2.0), int(im_w / 2.0 - cw / 2.0))]
+    crops = numpy.empty((10 * len(images), ch, cw, k), dtype=numpy.float32)
+    for n, im in enumerate(images):
+        for j, (y, x) in enumerate(origins):
+            crop = im[y:y + ch, x:x + cw, :]
+            crops[10 * n + j] = crop
+            crops[10 * n + 5 + j] = crop[:, ::-1, :]
+    return crops
+
+
+# --- the Transformer ---------------------------------------------------------------------------
+class Transformer:
+    """Turns images into net inputs and back, per input blob.
+
+    ``inputs``: {input name: blob shape (N, C, H, W)}. ``preprocess`` applies, in order: resize
+    to H×W, transpose, channel swap, ×raw_scale, −mean, ×input_scale; ``deprocess`` inverts it.
+    """
+
+    def __init__(self, inputs):
+        self.inputs = {name: tuple(int(d) for d in shape) for name, shape in inputs.items()}
+        self.transpose, self.channel_swap = {}, {}
+        self.raw_scale, self.mean, self.input_scale = {}, {}, {}
+
+    def _check_input(self, name):
+        if name not in self.inputs:
+            raise CaffeError(f"{name!r} is not one of the net inputs: {sorted(self.inputs)}")
+
+    def preprocess(self, in_, data):
+        """An H×W×K image (any size) → the K×H×W float32 array the net's input ``in_`` takes."""
+        self._check_input(in_)
+        x = numpy.asarray(data).astype(numpy.float32, copy=True)
+        in_dims = self.inputs[in_][2:]
+        if x.shape[:2] != in_dims:
+            x = resize_image(x, in_dims)
+        if in_ in self.transpose:
+            x = x.transpose(self.transpose[in_])
+        if in_ in self.channel_swap:
+            x = x[list(self.channel_swap[in_]), :, :]
+        if in_ in self.raw_scale:
+            x *= self.raw_scale[in_]
+        if in_ in self.mean:
+            x -= self.mean[in_]
+        if in_ in self.input_scale:
+            x *= self.input_scale[in_]
+        return x
+
+    def deprocess(self, in_, data):
+        """Invert :meth:`preprocess` (all but the resize)."""
+        self._check_input(in_)
+        x = numpy.asarray(data).copy().squeeze().astype(numpy.float32)
+        if in_ in self.input_scale:
+            x /= self.input_scale[in_]
+        if in_ in self.mean:
+            x += self.mean[in_]
+        if in_ in self.raw_scale:
+            x /= self.raw_scale[in_]
+        if in_ in self.channel_swap:
+            x = x[numpy.argsort(self.channel_swap[in_]), :, :]
+        if in_ in self.transpose:
+            x = x.transpose(numpy.argsort(self.transpose[in_]))
+        return x
+
+    def set_transpose(self, in_, order):
+        """Axis order from the image's layout to the net's, e.g. (2, 0, 1) for H×W×K → K×H×W."""
+        self._check_input(in_)
+        if len(order) != len(self.inputs[in_]) - 1:
+            raise CaffeError(f"set_transpose({in_!r}): order {tuple(order)} needs "
+                             f"{len(self.inputs[in_]) - 1} axes, as the input's image")
+        self.transpose[in_] = tuple(order)
+
+    def set_channel_swap(self, in_, order):
+        """Channel order, e.g. (2, 1, 0) for RGB → BGR (applied after the transpose)."""
+        self._check_input(in_)
+        if len(order) != self.inputs[in_][1]:
+            raise CaffeError(f"set_channel_swap({in_!r}): order {tuple(order)} needs one entry "
+                             f"per input channel ({self.inputs[in_][1]})")
+        self.channel_swap[in_] = tuple(order)
+
+    def set_raw_scale(self, in_, scale):
+        """Multiply the image by ``scale`` before the mean is subtracted ([0,1] → [0,255]: 255)."""
+        self._check_input(in_)
+        self.raw_scale[in_] = scale
+
+    def set_mean(self, in_, mean):
+        """Subtract ``mean``: one value per channel (K,), or an image (K×H×W, resized to the
+        input when its size differs)."""
+        self._check_input(in_)
+        mean = numpy.asarray(mean, dtype=numpy.float32)
+        channels, size = self.inputs[in_][1], self.inputs[in_][2:]
+        if mean.ndim == 1:
+            if mean.shape[0] != channels:
+                raise CaffeError(f"set_mean({in_!r}): {mean.shape[0]} mean values for "
+                                 f"{channels} input channels")
+            mean = mean[:, None, None]
+        else:
+            if mean.ndim == 2:
+                mean = mean[None]
+            if mean.ndim != 3 or mean.shape[0] != channels:
+                raise CaffeError(f"set_mean({in_!r}): mean of shape {mean.shape} for an input "
+                                 f"of {channels}×{size[0]}×{size[1]}")
+            if mean.shape[1:] != size:
+                mean = resize_image(mean.transpose(1, 2, 0), size).transpose(2, 0, 1)
+        self.mean[in_] = mean
+
+    def set_input_scale(self, in_, scale):
+        """Multiply by ``scale`` after the mean is subtracted."""
+        self._check_input(in_)
+        self.input_scale[in_] = scale

@@ -1,0 +1,1 @@
+"""pycaffe's ``caffe.proto``: ``from caffe8.proto import caffe_pb2``."""

@@ -1,0 +1,88 @@
+"""The composition root's wiring: registries filled, trainer + solver + exchange put together.
+
+``engine/`` knows only its own registries and the solver-callback seam; this module imports the
+packages that register layer and solver types and attaches the gradient exchange (``comm/``) to
+a trainer as a callback, the way Caffe's tool adds its NCCL callback to a solver.
+"""
+
+
+def register_all():
+    """Import every package that registers layer types and solver types (idempotent)."""
+    import layers  # noqa: F401  (each layer module registers its Caffe type string)
+    import solvers  # noqa: F401  (each solver module registers its type)
+
+
+def make_exchange(world, comm_param, net):
+    """The solver's ``comm`` block → the per-layer gradient exchange (a solver callback),
+    on a communication thread when ``async: true``."""
+    from comm.comm_thread import LayerwiseExchange
+    from comm.exchange import GradientExchange
+    return LayerwiseExchange(GradientExchange(world, comm_param, net), net,
+                             asynchronous=getattr(comm_param, "async"))
+
+
+def build_trainer(solver_path, world=None, log=None, timing=None, param=None):
+    """A ``engine.trainer.Trainer`` for ``solver_path`` with the exchange attached when the
+    world has more than one process."""
+    register_all()
+    from engine.trainer import Trainer
+    trainer = Trainer(solver_path, world=world, log=log, timing=timing, param=param)
+    if trainer.world.size > 1:
+        try:
+            trainer.add_callback(make_exchange(trainer.world, trainer.param.comm, trainer.net))
+        except BaseException:
+            trainer.close()
+            raise
+    return trainer
+
+
+_GATHER_CODECS = ("aps", "dettmers", "strom")
+
+
+def _node_count(world, processes_per_node):
+    """Nodes of the job: emulated ones when ``processes_per_node`` is set, else the distinct
+    host names (collective: every rank calls it)."""
+    if processes_per_node > 0:
+        return max(1, world.size // processes_per_node)
+    comm = getattr(world, "comm", None)
+    if comm is None:
+        return 1
+    import socket
+    return len(set(comm.allgather(socket.gethostname())))
+
+
+def exchange_summary(comm_param, world):
+    """One log line naming the gradient exchange of a run: codec, algorithm, processes, nodes.
+
+    Read from the solver's ``comm`` block and the world (what ``make_exchange`` is built from),
+    e.g. ``Gradient exchange: fp8 (ratio, q=0.95), hierarchical, 4 processes on 2 nodes,
+    asynchronous``. Collective under MPI (the node count): every rank calls it.
+    """
+    from engine.glog import fmt
+    if world.size <= 1:
+        return "Gradient exchange: none (1 process)"
+    codec = comm_param.codec
+    details = []
+    if codec == "fp8":
+        details.append("ratio" if comm_param.relative else "absolute")
+        details.append(f"q={fmt(comm_param.quantile)}")
+        if comm_param.rounding != "nearest":
+            details.append(f"{comm_param.rounding} rounding")
+    elif codec == "aps":
+        details.append(comm_param.aps_format + (", Kahan" if comm_param.kahan else ""))
+    elif codec == "dettmers":
+        details.append(comm_param.dettmers_type)
+    elif codec == "strom":
+        details.append(f"tau={fmt(comm_param.strom_tau)}")
+    if comm_param.warmup_fp32_iters > 0 and codec != "fp32":
+        details.append(f"fp32 for the first {comm_param.warmup_fp32_iters} iterations")
+    name = f"{codec} ({', '.join(details)})" if details else codec
+    if codec in _GATHER_CODECS:
+        algorithm = "allgather"
+    else:
+        algorithm = comm_param.algorithm or ("flat" if codec == "fp32" else
+                                             "hierarchical" if comm_param.hierarchical else "rsag")
+    nodes = _node_count(world, comm_param.processes_per_node)
+    mode = "asynchronous" if getattr(comm_param, "async") else "synchronous"
+    return (f"Gradient exchange: {name}, {algorithm}, {world.size} processes on {nodes} "
+            f"node{'s' if nodes != 1 else ''}, {mode}")

@@ -1,0 +1,131 @@
+"""Python (Caffe's python_layer.hpp): a layer written by the user in Python, as in pycaffe.
+
+``python_param { module: "pyloss" layer: "EuclideanLossLayer" param_str: "..." }`` imports
+``module`` (from ``sys.path`` as the process has it, plus the folder of the prototxt that
+declared the layer), instantiates ``layer`` — with the LayerParameter as its one argument when its
+constructor takes one (pycaffe's ``caffe.Layer`` does), else with none — and sets the attributes
+pycaffe sets: ``param_str`` (string), ``phase`` (0 = TRAIN, 1 = TEST, Caffe's enum values) and
+``blobs``, a list of caffe8 Blobs with pycaffe's ``add_blob(*shape)``; Blobs added there are the
+layer's learnable parameters. Then Caffe's calls, with caffe8 Blobs:
+
+    setup(bottom, top)                       once, at layer setup
+    reshape(bottom, top)                     before every forward
+    forward(bottom, top)
+    backward(top, propagate_down, bottom)
+
+A module or class that cannot be imported, a missing method, or an exception raised by the
+user's code becomes one LayerError naming the layer (with the original exception's text).
+``share_in_parallel`` is accepted and has no effect: every caffe8 rank is its own process.
+"""
+import importlib
+import inspect
+import os
+import sys
+
+import numpy
+
+from engine.blob import Blob
+from engine.errors import CaffeError
+from engine.layer import Layer, register_layer
+
+PHASES = {"TRAIN": 0, "TEST": 1}
+
+
+class BlobList(list):
+    """The Python layer's ``self.blobs``: a list of Blobs with pycaffe's ``add_blob``."""
+
+    def __init__(self, dtype):
+        super().__init__()
+        self.dtype = dtype
+
+    def add_blob(self, *shape):
+        self.append(Blob(shape, self.dtype))
+        return self[-1]
+
+
+def _prototxt_folder(layer_param):
+    where = getattr(layer_param, "_where", "")
+    return os.path.dirname(os.path.abspath(where)) if where and os.path.isfile(where) else None
+
+
+def _import_module(name, folder):
+    """Import ``name`` with ``folder`` searched after the process's own sys.path."""
+    if folder is None or folder in sys.path:
+        return importlib.import_module(name)
+    sys.path.append(folder)
+    try:
+        return importlib.import_module(name)
+    finally:
+        try:
+            sys.path.remove(folder)
+        except ValueError:
+            pass
+
+
+def _takes_argument(cls):
+    try:
+        params = list(inspect.signature(cls).parameters.values())
+    except (TypeError, ValueError):
+        return True  # a builtin-backed base (such as pycaffe's) takes the LayerParameter
+    return any(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.VAR_POSITIONAL)
+               for p in params)
+
+
+@register_layer("Python")
+class PythonLayer(Layer):
+    def __init__(self, layer_param, phase="TRAIN", dtype=numpy.float32):
+        super().__init__(layer_param, phase, dtype)
+        self.user = self._instantiate()
+        self.blobs = BlobList(self.dtype)
+        self.user.param_str = self.layer_param.python_param.param_str
+        self.user.phase = PHASES[self.phase]
+        self.user.blobs = self.blobs
+
+    def _instantiate(self):
+        pp = self.layer_param.python_param
+        if not pp.module or not pp.layer:
+            raise self.error(f"python_param needs both module and layer "
+                             f"(got module {pp.module!r}, layer {pp.layer!r})")
+        try:
+            module = _import_module(pp.module, _prototxt_folder(self.layer_param))
+        except Exception as e:  # ImportError, or an error raised while the module runs
+            raise self.error(f"cannot import python_param.module '{pp.module}': "
+                             f"{type(e).__name__}: {e}") from e
+        cls = getattr(module, pp.layer, None)
+        if cls is None or not callable(cls):
+            raise self.error(f"module '{pp.module}' ({getattr(module, '__file__', '?')}) has no "
+                             f"class '{pp.layer}' (python_param.layer)")
+        try:
+            return cls(self.layer_param) if _takes_argument(cls) else cls()
+        except Exception as e:
+            raise self.error(f"cannot instantiate {pp.module}.{pp.layer}: "
+                             f"{type(e).__name__}: {e}") from e
+
+    def _call(self, method, *args):
+        fn = getattr(self.user, method, None)
+        if fn is None:
+            raise self.error(f"the Python layer class {type(self.user).__name__} has no "
+                             f"{method}() method")
+        try:
+            return fn(*args)
+        except CaffeError:
+            raise
+        except Exception as e:
+            raise self.error(f"{type(self.user).__name__}.{method}() raised "
+                             f"{type(e).__name__}: {e}") from e
+
+    def layer_setup(self, bottom, top):
+        self._call("setup", bottom, top)
+        if self.blobs is not self.user.blobs:  # the user replaced the list: adopt it
+            self.blobs = BlobList(self.dtype)
+            self.blobs.extend(self.user.blobs)
+            self.user.blobs = self.blobs
+
+    def reshape(self, bottom, top):
+        self._call("reshape", bottom, top)
+
+    def forward(self, bottom, top):
+        self._call("forward", bottom, top)
+
+    def backward(self, top, propagate_down, bottom):
+        self._call("backward", top, propagate_down, bottom)

@@ -1,0 +1,88 @@
+"""Running the real ``caffe8`` command line in a fresh process group, with a time limit.
+
+Every helper starts the command as the leader of a new session, so when it returns — normally
+or after the limit, when the whole group is killed — the test can check that no process of the
+run (mpiexec, its proxy, any rank) is left behind.
+"""
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(REPO, "scripts"))
+
+import exit_loop  # noqa: E402  (the exit-loop case and runner live in scripts/exit_loop.py)
+
+ERROR_LINE = re.compile(r"error:", re.IGNORECASE)
+
+
+def mpiexec():
+    exe = exit_loop.mpiexec()
+    if exe is None:
+        pytest.skip("no mpiexec")
+    return exe
+
+
+class Run:
+    """Outcome of one command: ``rc`` (None when it ran past the limit), ``out`` (stdout and
+    stderr together), ``leftover`` (True when a process of its group was still alive)."""
+
+    def __init__(self, rc, out, leftover):
+        self.rc, self.out, self.leftover = rc, out, leftover
+
+    def error_lines(self):
+        return [line for line in self.out.splitlines() if ERROR_LINE.search(line)]
+
+    def __repr__(self):
+        return f"Run(rc={self.rc}, leftover={self.leftover})\n{self.out[-3000:]}"
+
+
+def _group_alive(pgid):
+    try:
+        os.killpg(pgid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+
+
+def run(cmd, cwd, limit=60, env=None):
+    """Run ``cmd`` in its own process group; kill the group after ``limit`` seconds."""
+    env = dict(os.environ if env is None else env)
+    env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
+    proc = subprocess.Popen(cmd, cwd=str(cwd), env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=limit)
+        rc = proc.returncode
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate()
+        rc = None
+    # mpiexec returns once every rank has ended; give stragglers of a killed job a moment
+    deadline = time.monotonic() + 5
+    while _group_alive(proc.pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    leftover = _group_alive(proc.pid)
+    if leftover:
+        os.killpg(proc.pid, signal.SIGKILL)
+    return Run(rc, out.decode(errors="replace"), leftover)
+
+
+def caffe8(args, cwd, processes=1, limit=60):
+    """``caffe8 ARGS`` (as ``python -m <cli>``), under ``mpiexec -n processes`` when > 1."""
+    cmd = [sys.executable, "-m", exit_loop.cli_module(), *map(str, args)]
+    if processes > 1:
+        cmd = [mpiexec(), "-n", str(processes)] + cmd
+    return run(cmd, cwd, limit)
+
+
+def have_mpiexec():
+    return exit_loop.mpiexec() is not None and shutil.which(exit_loop.mpiexec()) is not None
