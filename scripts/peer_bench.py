@@ -182,8 +182,11 @@ class TorchRunner:
         if kind == "Split":
             return lambda xs: [xs[0]] * len(top)
         if kind == "SoftmaxWithLoss":
-            return lambda xs: [F.cross_entropy(_class_last(xs[0], layer.axis),
-                                               xs[1].reshape(-1).long())]
+            ignore = -100 if layer.ignore_label is None else layer.ignore_label
+            return lambda xs: [F.cross_entropy(
+                _class_second(xs[0], layer.axis),
+                xs[1].reshape(xs[0].shape[:layer.axis] + xs[0].shape[layer.axis + 1:]).long(),
+                ignore_index=ignore)]
         if kind == "GRU":
             return self._gru(layer, params, bottom)
         raise ValueError(f"{layer.name}: no PyTorch twin for layer type {kind}")
@@ -239,7 +242,7 @@ class TorchRunner:
         return t1 - t0, self.clock() - t1
 
 
-def _class_last(x, axis):
+def _class_second(x, axis):
     """Scores with the class axis moved to 1, as cross_entropy wants."""
     return x if axis == 1 else x.movedim(axis, 1)
 

@@ -42,6 +42,21 @@ def test_profile_lists_every_layer_type_and_the_total(capsys):
     assert float(total.split("=")[1].split()[0]) > 0
 
 
+def test_pytorch_twin_of_lenet_computes_the_same_loss():
+    """The generated PyTorch graph is the same net: with caffe8's weights and input (LeNet has no
+    dropout) its loss equals caffe8's to float32 rounding."""
+    torch = pytest.importorskip("torch")
+    from engine import backend
+    from engine.net import Net
+    import layers  # noqa: F401
+    backend.seed(1)
+    net = Net(peer_bench.benchmark_net_param("lenet", 2), phase="TRAIN")
+    loss = net.forward_loss()
+    twin = peer_bench.TorchRunner(net, torch, "cpu", lambda: None)
+    twin.check_shapes()
+    assert float(twin.loss.detach()) == pytest.approx(loss, rel=1e-5)
+
+
 def test_unknown_net_is_refused():
     with pytest.raises(SystemExit):
         peer_bench.parse_args(["--nets", "alexnet"])
