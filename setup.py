@@ -1,5 +1,10 @@
 """Build of the C kernels only; all metadata lives in setup.cfg.
 
+``layers._layer_kernels`` is the same kind of library for the layers' host kernels (im2col,
+pooling, LRN, ...; layers/native.py loads it through engine/native.py). Its hot loops carry
+target_clones (AVX2 and baseline, chosen at load), so it also needs no -march. Also optional:
+without it layers.native compiles into ~/.cache/caffe8 at first use or falls back to NumPy.
+
 ``comm._kernels`` is a plain shared library (no Python C API) that comm/kernels.py loads with
 ctypes. It is built with -O3 -fno-trapping-math -ffp-contract=off (see kernels.c) and without
 -march: the AVX-512 and AVX2+F16C loops carry their own function-level target attributes and are
@@ -22,7 +27,12 @@ setup(
     ext_modules=[Extension("comm._kernels", sources=["comm/csrc/kernels.c"],
                            extra_compile_args=["-O3", "-std=c99", "-fno-trapping-math",
                                                "-ffp-contract=off"],
+                           optional=True),
+                 Extension("layers._layer_kernels", sources=["layers/csrc/layer_kernels.c"],
+                           extra_compile_args=["-O3", "-std=c99", "-fno-trapping-math",
+                                               "-ffp-contract=off"],      # = layers.native.CFLAGS
                            optional=True)],
-    package_data={"comm": ["csrc/*.c"]},      # the source travels for the run-time fallback
+    # the sources travel for the run-time fallback
+    package_data={"comm": ["csrc/*.c"], "layers": ["csrc/*.c"]},
     cmdclass={"build_ext": build_plain_library},
 )

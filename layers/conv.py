@@ -4,16 +4,25 @@ Shapes: bottom ``(N, C, *spatial)``, weight ``(O, C/group, *kernel)``, bias ``(O
 ``(N, O, *out)`` with ``out = (in + 2*pad - (dilation*(k-1)+1)) // stride + 1`` per axis
 (cross-correlation, no kernel flip). Several bottoms map to as many tops with the same weights.
 The batch is processed in chunks so the column buffer stays under ``MAX_COL_ELEMENTS``.
+
+The arithmetic lives in ``ConvGeometry`` (forward, backward-data, weight gradient on plain arrays)
+so that Deconvolution (also here), whose forward is convolution's backward-data, runs the same
+code.
 """
 import numpy
 
 from engine import backend
 from engine.layer import Layer, register_layer
-from layers import cudnn_conv
+from layers import cudnn_conv, native
 from layers.im2col import col2im, conv_out_size, im2col
 
-#: upper bound on im2col buffer elements per chunk (256 MiB of float32)
-MAX_COL_ELEMENTS = 1 << 26
+#: upper bound on im2col buffer elements per chunk (64 MiB of float32)
+MAX_COL_ELEMENTS = 1 << 24
+#: output positions per image from which one GEMM per image beats one GEMM per batch chunk: below
+#: it the per-image products are too small to keep BLAS's threads busy (LeNet's conv2, P = 64:
+#: 12.6 vs 2.5 ms at b64; GoogLeNet's 7x7 and 14x14 inception layers), above it the batch
+#: GEMM's operands outgrow the cache and need a transposing copy of the output
+PER_IMAGE_MIN_POSITIONS = 512
 
 
 def _per_axis(layer, param, name, h_name, w_name, num_spatial, default):
@@ -112,68 +121,251 @@ class ConvolutionLayer(Layer):
         for t in top:
             t.reshape((shape[0], self.num_output) + self.out_spatial)
 
-    # --- helpers ---------------------------------------------------------------------------------
-    def _geometry(self):
-        return self.kernel, self.pad, self.stride, self.dilation
-
-    def _chunks(self, batch):
-        """Batch index ranges whose column buffer fits in ``MAX_COL_ELEMENTS``."""
-        per_image = self.channels * int(numpy.prod(self.kernel)) * int(numpy.prod(self.out_spatial))
-        step = max(1, MAX_COL_ELEMENTS // max(per_image, 1))
-        return [(i, min(i + step, batch)) for i in range(0, batch, step)]
-
-    def _grouped_weight(self):
-        """Weight as ``(group, O/group, K)``, ``K = C/group * prod(kernel)``."""
-        w = self.blobs[0].data
-        return w.reshape(self.group, self.num_output // self.group, -1)
-
-    def _cols(self, x):
-        """im2col of ``x`` (n, C, *spatial) as ``(group, K, n * prod(out))``."""
-        cols = im2col(x, *self._geometry())
-        return cols.reshape(self.group, -1, x.shape[0] * int(numpy.prod(self.out_spatial)))
-
     # --- forward / backward ------------------------------------------------------------------------
+    def _geometry_for(self, shape):
+        """The ConvGeometry of input ``shape``, cached with its buffers while the shape holds."""
+        geo = getattr(self, "_geo", None)
+        if geo is None or geo.in_shape != tuple(shape):
+            geo = ConvGeometry(tuple(shape), self.num_output, self.group, self.kernel, self.pad,
+                               self.stride, self.dilation)
+            self._geo = geo
+        return geo
+
     def forward(self, bottom, top):
         if cudnn_conv.wants(self, bottom[0].data):  # engine CUDNN/DEFAULT on CuPy arrays
             return cudnn_conv.forward(self, bottom, top)
-        w = self._grouped_weight()
+        geo = self._geometry_for(bottom[0].shape)
+        bias = self.blobs[1].data if len(self.blobs) > 1 else None
         for b, t in zip(bottom, top):
-            x, y = b.data, t.data
-            n_all = x.shape[0]
-            y3 = y.reshape(n_all, self.num_output, -1)
-            for lo, hi in self._chunks(n_all):
-                prod = backend.get_array_module(x).matmul(w, self._cols(x[lo:hi]))
-                y3[lo:hi] = prod.reshape(self.num_output, hi - lo, -1).swapaxes(0, 1)
-            if len(self.blobs) > 1:
-                y3 += self.blobs[1].data.reshape(1, -1, 1)
+            geo.forward(b.data, self.blobs[0].data, t.data)
+            if bias is not None:
+                add_channel_bias(t.data, bias)
 
     def backward(self, top, propagate_down, bottom):
         if cudnn_conv.wants(self, top[0].diff):
             return cudnn_conv.backward(self, top, propagate_down, bottom)
+        geo = self._geometry_for(bottom[0].shape)
         want_w = self.param_propagate_down[0]
         want_b = len(self.blobs) > 1 and self.param_propagate_down[1]
         for i, (t, b) in enumerate(zip(top, bottom)):
-            dy = t.diff.reshape(t.diff.shape[0], self.num_output, -1)
             if want_b:
-                self.blobs[1].diff += dy.sum(axis=(0, 2))
-            want_x = bool(propagate_down[i]) if i < len(propagate_down) else False
-            if want_w or want_x:
-                self._backward_chunks(dy, b, want_w, want_x)
+                self.blobs[1].diff += channel_sum(t.diff)
+            if want_w:
+                geo.weight_gradient(b.data, t.diff, self.blobs[0].diff)
+            if i < len(propagate_down) and propagate_down[i]:
+                geo.backward_data(t.diff, self.blobs[0].data, b.diff)
 
-    def _backward_chunks(self, dy, b, want_w, want_x):
-        """Weight gradient (accumulated) and bottom gradient (overwritten) of one bottom."""
-        xp = backend.get_array_module(dy)
-        w = self._grouped_weight()
+
+def deconv_out_size(size, kernel, pad, stride, dilation):
+    """Caffe's Deconvolution output length: ``stride*(size-1) + dilation*(kernel-1) + 1 - 2*pad``."""
+    return stride * (size - 1) + dilation * (kernel - 1) + 1 - 2 * pad
+
+
+@register_layer("Deconvolution")
+class DeconvolutionLayer(ConvolutionLayer):
+    """Transposed convolution (Caffe's ``deconv_layer.cpp``), same ``convolution_param``.
+
+    Shapes: bottom ``(N, C, *spatial)``, weight ``(C, O/group, *kernel)``, bias ``(O,)``, top
+    ``(N, O, *out)``, ``out = stride*(in-1) + dilation*(k-1) + 1 - 2*pad``. It is the adjoint
+    of a convolution from ``(N, O, *out)`` to ``(N, C, *spatial)`` with the same weight: forward
+    is that convolution's backward-data, backward-data its forward, and the weight gradient its
+    weight gradient with the roles of input and output gradient swapped. ``ConvGeometry`` of
+    that convolution does all three.
+    """
+
+    def _make_params(self, p):
+        shape = (self.channels, self.num_output // self.group) + tuple(self.kernel)
+        self.make_param(shape, p.weight_filler)
+        if p.bias_term:
+            self.make_param((self.num_output,), p.bias_filler)
+
+    def reshape(self, bottom, top):
+        shape = bottom[0].shape
+        for b in bottom[1:]:
+            if b.shape != shape:
+                raise self.error(f"all bottoms must have the same shape; got {shape} and {b.shape}")
+        if len(shape) != self.num_spatial + 2 or shape[1] != self.channels:
+            raise self.error(f"input shape {shape} is incompatible with the deconvolution kernel "
+                             f"(expects {self.channels} channels and {self.num_spatial} spatial axes)")
+        out = [deconv_out_size(*a) for a in zip(shape[2:], self.kernel, self.pad, self.stride,
+                                                 self.dilation)]
+        if any(o < 1 for o in out):
+            raise self.error(f"output size {out} is not positive: pad {self.pad} is too large for "
+                             f"input {list(shape[2:])}, kernel {self.kernel}, stride {self.stride}")
+        self.out_spatial = tuple(out)
+        for t in top:
+            t.reshape((shape[0], self.num_output) + self.out_spatial)
+
+    def _geometry_for(self, shape):
+        """The ConvGeometry of the adjoint convolution, ``(N, O, *out) -> (N, C, *spatial)``."""
+        conv_in = (shape[0], self.num_output) + self.out_spatial
+        geo = getattr(self, "_geo", None)
+        if geo is None or geo.in_shape != conv_in:
+            geo = ConvGeometry(conv_in, self.channels, self.group, self.kernel, self.pad,
+                               self.stride, self.dilation)
+            self._geo = geo
+        return geo
+
+    def forward(self, bottom, top):
+        geo = self._geometry_for(bottom[0].shape)
+        bias = self.blobs[1].data if len(self.blobs) > 1 else None
+        for b, t in zip(bottom, top):
+            geo.backward_data(b.data, self.blobs[0].data, t.data)
+            if bias is not None:
+                add_channel_bias(t.data, bias)
+
+    def backward(self, top, propagate_down, bottom):
+        geo = self._geometry_for(bottom[0].shape)
+        want_w = self.param_propagate_down[0]
+        want_b = len(self.blobs) > 1 and self.param_propagate_down[1]
+        for i, (t, b) in enumerate(zip(top, bottom)):
+            if want_b:
+                self.blobs[1].diff += channel_sum(t.diff)
+            if want_w:
+                geo.weight_gradient(t.diff, b.data, self.blobs[0].diff)
+            if i < len(propagate_down) and propagate_down[i]:
+                geo.forward(t.diff, self.blobs[0].data, b.diff)
+
+def add_channel_bias(y, bias):
+    """y (N, O, *spatial) += bias (O,) broadcast over batch and positions."""
+    y.reshape(y.shape[0], y.shape[1], -1)[...] += bias.reshape(1, -1, 1)
+
+
+def channel_sum(dy):
+    """Sum of dy (N, O, *spatial) over everything but the channel axis: the bias gradient."""
+    return dy.reshape(dy.shape[0], dy.shape[1], -1).sum(axis=(0, 2))
+
+
+class ConvGeometry:
+    """One convolution's shapes and reused buffers; the three products on plain arrays.
+
+    ``in_shape`` ``(N, C, *spatial)``, weight ``(O, C/group, *kernel)``, output
+    ``(N, O, *out)``. On NumPy with two spatial axes and at least ``PER_IMAGE_MIN_POSITIONS``
+    output positions the columns are laid out per image, ``(n, group, K, P)`` (K = C/group *
+    prod(kernel), P = prod(out)), so one batched matmul (one BLAS call per image and group, no
+    Python loop) writes each image's output in place; otherwise (small outputs, CuPy, other
+    ranks) as ``im2col`` gives them, ``(group, K, n*P)``, one GEMM per chunk. The weight gradient always uses the latter: its sum over images is then the inner
+    dimension of a single GEMM instead of a reduction over per-image products.
+    """
+
+    def __init__(self, in_shape, num_output, group, kernel, pad, stride, dilation):
+        self.in_shape = tuple(in_shape)
+        self.num_output, self.group = num_output, group
+        self.kernel, self.pad = tuple(kernel), tuple(pad)
+        self.stride, self.dilation = tuple(stride), tuple(dilation)
+        self.channels = in_shape[1]
+        self.out_spatial = tuple(conv_out_size(*a) for a in zip(in_shape[2:], kernel, pad,
+                                                                 stride, dilation))
+        self.positions = int(numpy.prod(self.out_spatial))
+        self.k_group = self.channels // group * int(numpy.prod(kernel))
+        self._buffers = {}
+
+    @property
+    def out_shape(self):
+        return (self.in_shape[0], self.num_output) + self.out_spatial
+
+    def _buffer(self, name, shape, like):
+        """A scratch array reused across calls (allocated again only when ``shape`` grows)."""
+        xp = backend.get_array_module(like)
+        size = int(numpy.prod(shape))
+        buf = self._buffers.get(name)
+        if buf is None or buf.size < size or buf.dtype != like.dtype or \
+                backend.get_array_module(buf) is not xp:
+            buf = xp.empty(size, dtype=like.dtype)
+            self._buffers[name] = buf
+        return buf[:size].reshape(shape)
+
+    def _chunks(self, batch):
+        """Batch index ranges whose column buffer fits in ``MAX_COL_ELEMENTS``."""
+        per_image = self.group * self.k_group * self.positions
+        step = max(1, MAX_COL_ELEMENTS // max(per_image, 1))
+        return [(i, min(i + step, batch)) for i in range(0, batch, step)]
+
+    def _per_image(self, *arrays):
+        """Per-image GEMMs (C im2col in that layout) rather than one GEMM per chunk?"""
+        return len(self.kernel) == 2 and self.positions >= PER_IMAGE_MIN_POSITIONS and \
+            native.enabled_for(*arrays)
+
+    @property
+    def pointwise(self):
+        """1x1, stride 1, no padding (GoogLeNet's reduce layers): a per-image layout is x itself."""
+        return all(k == 1 for k in self.kernel) and all(s == 1 for s in self.stride) and \
+            not any(self.pad)
+
+    def _weight(self, w):
+        """Weight as ``(group, O/group, K)``."""
+        return w.reshape(self.group, self.num_output // self.group, self.k_group)
+
+    def _geometry(self):
+        return self.kernel, self.pad, self.stride, self.dilation
+
+    def _cols_batch(self, x):
+        """Columns of ``x`` (n, C, ...) as ``(group, K, n*P)`` in a reused buffer."""
+        n = x.shape[0]
+        buf = self._buffer("cols", (self.group * self.k_group * n * self.positions,), x)
+        cols = im2col(x, *self._geometry(), out=buf)
+        return cols.reshape(self.group, self.k_group, n * self.positions)
+
+    def forward(self, x, w, y):
+        """y (N, O, *out) = conv(x (N, C, ...), w); y is overwritten."""
+        wg = self._weight(w)
+        og = self.num_output // self.group
+        for lo, hi in self._chunks(x.shape[0]):
+            n = hi - lo
+            if self._per_image(x, y):
+                shape = (n, self.group, self.k_group, self.positions)
+                if self.pointwise:
+                    cols = x[lo:hi].reshape(shape)
+                else:
+                    cols = self._buffer("cols", shape, x)
+                    native.im2col_2d(x[lo:hi], *self._geometry(), self.out_spatial, cols,
+                                     per_image=True)
+                numpy.matmul(wg, cols, out=y[lo:hi].reshape(n, self.group, og, self.positions))
+                continue
+            xp = backend.get_array_module(x)
+            prod = self._buffer("prod", (self.group, og, n * self.positions), x)
+            xp.matmul(wg, self._cols_batch(x[lo:hi]), out=prod)
+            y[lo:hi].reshape(n, self.num_output, self.positions)[...] = \
+                prod.reshape(self.num_output, n, self.positions).swapaxes(0, 1)
+
+    def backward_data(self, dy, w, dx):
+        """dx (N, C, ...) = the adjoint of ``forward`` applied to dy (N, O, *out); overwritten."""
+        wt = self._weight(w).swapaxes(1, 2)                    # (group, K, O/group)
         og = self.num_output // self.group
         for lo, hi in self._chunks(dy.shape[0]):
-            # (n, O, P) -> (group, O/group, n*P): the layout the columns use
-            dyg = xp.ascontiguousarray(dy[lo:hi].swapaxes(0, 1)).reshape(self.group, og, -1)
-            if want_w:
-                cols = self._cols(b.data[lo:hi])
-                dw = xp.matmul(dyg, cols.swapaxes(1, 2))
-                self.blobs[0].diff += dw.reshape(self.blobs[0].diff.shape)
-            if want_x:
-                dcols = xp.matmul(w.swapaxes(1, 2), dyg)
-                dcols = dcols.reshape((self.channels,) + tuple(self.kernel) + (hi - lo,)
-                                      + self.out_spatial)
-                b.diff[lo:hi] = col2im(dcols, b.data[lo:hi].shape, *self._geometry())
+            n = hi - lo
+            if self._per_image(dy, dx):
+                shape = (n, self.group, self.k_group, self.positions)
+                dyg = dy[lo:hi].reshape(n, self.group, og, self.positions)
+                if self.pointwise:
+                    numpy.matmul(wt, dyg, out=dx[lo:hi].reshape(shape))
+                    continue
+                dcols = self._buffer("cols", shape, dy)
+                numpy.matmul(wt, dyg, out=dcols)
+                native.col2im_2d(dcols, dx[lo:hi].shape, *self._geometry(), self.out_spatial,
+                                 dx[lo:hi], per_image=True)
+                continue
+            xp = backend.get_array_module(dy)
+            dcols = self._buffer("cols", (self.group, self.k_group, n * self.positions), dy)
+            xp.matmul(wt, self._grouped_batch(dy[lo:hi]), out=dcols)
+            dcols = dcols.reshape((self.channels,) + self.kernel + (n,) + self.out_spatial)
+            col2im(dcols, dx[lo:hi].shape, *self._geometry(), out=dx[lo:hi])
+
+    def _grouped_batch(self, dy):
+        """dy (n, O, *out) as ``(group, O/group, n*P)`` in a reused buffer."""
+        n = dy.shape[0]
+        og = self.num_output // self.group
+        buf = self._buffer("dy", (self.num_output, n, self.positions), dy)
+        buf[...] = dy.reshape(n, self.num_output, self.positions).swapaxes(0, 1)
+        return buf.reshape(self.group, og, n * self.positions)
+
+    def weight_gradient(self, x, dy, dw):
+        """dw (O, C/group, *kernel) += the gradient of ``forward`` w.r.t. the weight."""
+        og = self.num_output // self.group
+        dwg = dw.reshape(self.group, og, self.k_group)
+        for lo, hi in self._chunks(x.shape[0]):
+            xp = backend.get_array_module(x)
+            cols = self._cols_batch(x[lo:hi])
+            prod = self._buffer("dw", dwg.shape, dw)
+            xp.matmul(self._grouped_batch(dy[lo:hi]), cols.swapaxes(1, 2), out=prod)
+            dwg += prod

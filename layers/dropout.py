@@ -3,9 +3,12 @@
 TRAIN: keep each element with probability 1 - ratio and scale kept ones by 1 / (1 - ratio), so
 TEST is the identity in forward and backward. The mask comes from ``engine.backend.random_uniform``
 and is therefore reproducible with ``backend.seed``. In place is fine: backward uses only the mask.
+On NumPy float arrays the mask and the product are one C pass (``layers.native``) that writes
+the mask over the uniform draws.
 """
 from engine import backend
 from engine.layer import Layer, register_layer
+from layers import native
 from layers.axes import reshape_like
 
 
@@ -32,6 +35,9 @@ class DropoutLayer(Layer):
         xp = backend.get_array_module(x)
         # u >= ratio has probability 1 - ratio (Caffe's Bernoulli(1 - ratio)).
         u = backend.random_uniform(x.shape, x.dtype, xp)
+        if native.dropout(x, u, self.ratio, self.scale, u, top[0].data):
+            self.mask = u
+            return
         self.mask = (u >= x.dtype.type(self.ratio)) * x.dtype.type(self.scale)
         top[0].data[...] = x * self.mask
 
@@ -41,4 +47,5 @@ class DropoutLayer(Layer):
         if self.phase != "TRAIN":
             bottom[0].diff[...] = top[0].diff
             return
-        bottom[0].diff[...] = top[0].diff * self.mask
+        xp = backend.get_array_module(top[0].diff)
+        xp.multiply(top[0].diff, self.mask, out=bottom[0].diff)

@@ -6,12 +6,15 @@ Layout (chosen so that one GEMM per group covers the whole batch chunk):
 * columns: ``(C, *kernel, N, *out)`` — reshaped to ``(group, C/group * prod(kernel), N * prod(out))``
   it is the right-hand operand of ``W(group, O/group, K) @ cols``.
 
-The only Python loop is over kernel offsets (``prod(kernel)`` iterations, each a strided slice
-copy of the whole batch), never over pixels, so NumPy and CuPy run the same code.
+On NumPy arrays with two spatial axes both directions run in C (``layers.native``: one pass,
+no padded copy, no temporaries); otherwise the only Python loop is over kernel offsets
+(``prod(kernel)`` iterations, each a strided slice copy of the whole batch), never over pixels,
+so NumPy and CuPy run the same code. ``out`` lets a caller reuse one buffer across iterations.
 """
 import itertools
 
 from engine import backend
+from layers import native
 
 
 def conv_out_size(size, kernel, pad, stride, dilation):
@@ -36,36 +39,49 @@ def _padded(xt, pad, xp):
     return buf
 
 
-def im2col(x, kernel, pad, stride, dilation):
-    """Columns ``(C, *kernel, N, *out)`` of ``x`` ``(N, C, *spatial)``; all geometry per axis."""
+def im2col(x, kernel, pad, stride, dilation, out=None):
+    """Columns ``(C, *kernel, N, *out)`` of ``x`` ``(N, C, *spatial)``; all geometry per axis.
+
+    ``out``: an optional contiguous buffer of that shape and x's dtype to write into.
+    """
     xp = backend.get_array_module(x)
     spatial = x.shape[2:]
-    out = tuple(conv_out_size(*a) for a in zip(spatial, kernel, pad, stride, dilation))
+    out_size = tuple(conv_out_size(*a) for a in zip(spatial, kernel, pad, stride, dilation))
+    shape = (x.shape[1],) + tuple(kernel) + (x.shape[0],) + out_size
+    cols = xp.empty(shape, dtype=x.dtype) if out is None else out.reshape(shape)
+    if len(kernel) == 2 and native.im2col_2d(x, kernel, pad, stride, dilation, out_size, cols):
+        return cols
     xt = x.swapaxes(0, 1)  # (C, N, *spatial) view; the copy happens slice by slice below
     is_pointwise = all(k == 1 for k in kernel) and not any(pad) and all(s == 1 for s in stride)
     if is_pointwise:  # 1x1 convolutions (all of GoogLeNet's reduce layers): no window to unfold
-        return xp.ascontiguousarray(xt).reshape((x.shape[1],) + tuple(kernel) + (x.shape[0],) + out)
+        cols.reshape(xt.shape)[...] = xt
+        return cols
     src = _padded(xt, pad, xp)
-    cols = xp.empty((x.shape[1],) + tuple(kernel) + (x.shape[0],) + out, dtype=x.dtype)
     for offsets in itertools.product(*(range(k) for k in kernel)):
         cols[(slice(None),) + offsets] = src[(slice(None), slice(None))
-                                             + _offset_slices(offsets, out, stride, dilation)]
+                                             + _offset_slices(offsets, out_size, stride, dilation)]
     return cols
 
 
-def col2im(cols, x_shape, kernel, pad, stride, dilation):
+def col2im(cols, x_shape, kernel, pad, stride, dilation, out=None):
     """Adjoint of ``im2col``: sum columns ``(C, *kernel, N, *out)`` back into ``x_shape``.
 
-    Overlapping windows accumulate; gradients landing in the padding are dropped.
+    Overlapping windows accumulate; gradients landing in the padding are dropped. ``out``: an
+    optional contiguous array of ``x_shape`` to write the result into (overwritten).
     """
     xp = backend.get_array_module(cols)
     n, c = x_shape[:2]
     spatial = tuple(x_shape[2:])
-    out = cols.shape[2 + len(kernel):]
+    out_size = cols.shape[2 + len(kernel):]
+    dx = xp.empty(tuple(x_shape), dtype=cols.dtype) if out is None else out
+    if len(kernel) == 2 and native.col2im_2d(xp.ascontiguousarray(cols), x_shape, kernel, pad,
+                                             stride, dilation, out_size, dx):
+        return dx
     padded = tuple(s + 2 * p for s, p in zip(spatial, pad))
     acc = xp.zeros((c, n) + padded, dtype=cols.dtype)
     for offsets in itertools.product(*(range(k) for k in kernel)):
-        acc[(slice(None), slice(None)) + _offset_slices(offsets, out, stride, dilation)] += \
+        acc[(slice(None), slice(None)) + _offset_slices(offsets, out_size, stride, dilation)] += \
             cols[(slice(None),) + offsets]
     inner = acc[(slice(None), slice(None)) + tuple(slice(p, p + s) for s, p in zip(spatial, pad))]
-    return xp.ascontiguousarray(inner.swapaxes(0, 1))
+    dx[...] = inner.swapaxes(0, 1)
+    return dx

@@ -11,10 +11,16 @@ Shapes: bottom and top ``(N, C, H, W)``; ``y = x * scale^(-beta)`` with
 Backward (both regions, S = the window sum, a = alpha/n or alpha/n^2):
 ``dx = dy * scale^(-beta) - 2*a*beta * x * S(dy * y / scale)``; the windows are symmetric, so the
 same window sum serves forward and backward.
+
+ACROSS_CHANNELS on NumPy float arrays: the window sums run in C (``layers.native``, no padded
+copies), the power in NumPy (its SIMD pow beats libm's); scale^(-beta) is kept from forward so
+backward needs no second power.
 """
+import numpy
+
 from engine import backend
 from engine.layer import Layer, register_layer
-from layers import cudnn_lrn
+from layers import cudnn_lrn, native
 
 
 def _box_sum(a, size, axes, xp):
@@ -62,11 +68,26 @@ class LRNLayer(Layer):
             raise self.error(f"input must have 4 axes (N, C, H, W), got shape {bottom[0].shape}")
         top[0].reshape(bottom[0].shape)
 
+    def _native_buffers(self, x):
+        """scale, scale^(-beta) and a per-image scratch for the C path, kept across iterations."""
+        bufs = getattr(self, "_bufs", None)
+        if bufs is None or bufs[0].shape != x.shape or bufs[0].dtype != x.dtype:
+            bufs = self._bufs = (numpy.empty_like(x), numpy.empty_like(x),
+                                 numpy.empty(x[0].size, dtype=x.dtype))
+        return bufs
+
     def forward(self, bottom, top):
         if cudnn_lrn.wants(self, bottom[0].data):  # ACROSS_CHANNELS, engine CUDNN/DEFAULT
             return cudnn_lrn.forward(self, bottom, top)
         x = bottom[0].data
         xp = backend.get_array_module(x)
+        self.power = None
+        if self.region == "ACROSS_CHANNELS" and native.enabled_for(x, top[0].data):
+            self.scale, self.power, scratch = self._native_buffers(x)
+            native.lrn_scale(x, self.size, self.alpha_over_n, self.k, self.scale, scratch)
+            numpy.power(self.scale, x.dtype.type(-self.beta), out=self.power)
+            numpy.multiply(x, self.power, out=top[0].data)
+            return
         self.scale = self.k + self.alpha_over_n * _box_sum(x * x, self.size, self.axes, xp)
         top[0].data[...] = x * self.scale ** -self.beta
 
@@ -77,6 +98,10 @@ class LRNLayer(Layer):
             return cudnn_lrn.backward(self, top, propagate_down, bottom)
         x, y, dy = bottom[0].data, top[0].data, top[0].diff
         xp = backend.get_array_module(x)
+        if self.power is not None and native.lrn_across_backward(
+                x, y, dy, self.scale, self.power, self.size,
+                2.0 * self.alpha_over_n * self.beta, bottom[0].diff, self._bufs[2]):
+            return
         window = _box_sum(dy * y / self.scale, self.size, self.axes, xp)
         bottom[0].diff[...] = dy * self.scale ** -self.beta \
             - (2.0 * self.alpha_over_n * self.beta) * x * window

@@ -9,6 +9,7 @@ import math
 
 from engine import backend
 from engine.layer import Layer, register_layer
+from layers import native
 from layers.axes import is_in_place, reshape_like
 
 
@@ -58,6 +59,8 @@ class ReLULayer(NeuronLayer):
 
     Forward and backward write through ``out=`` (ReLU is on every conv/fc output, and these
     passes are memory-bound), which also makes in place free of temporaries when slope is 0.
+    On NumPy float arrays backward, and forward with a slope, are one C pass
+    (``layers.native``) instead of two or three NumPy passes with temporaries.
     """
 
     def layer_setup(self, bottom, top):
@@ -72,6 +75,8 @@ class ReLULayer(NeuronLayer):
         if self.slope == 0:
             xp.maximum(x, 0, out=y)
             return
+        if native.relu(x, self.slope, y):
+            return
         neg = xp.minimum(x, 0)  # before y is written: in place, y is x
         neg *= x.dtype.type(self.slope)
         xp.maximum(x, 0, out=y)
@@ -83,6 +88,8 @@ class ReLULayer(NeuronLayer):
         xp = backend.get_array_module(top[0].diff)
         ref = self._input(bottom) if self.needs_input else top[0].data
         dy, dx = top[0].diff, bottom[0].diff
+        if native.relu_backward(dy, ref, self.slope, dx):
+            return
         positive = ref > 0
         if self.slope == 0:
             xp.multiply(dy, positive, out=dx)

@@ -5,8 +5,10 @@ Shapes: bottom ``(N, C, H, W)``, top ``(N, C, PH, PW)`` with
 would start at or past ``H + pad`` (Caffe's clip rule). An optional 2nd top (MAX only) holds the
 argmax as a flat ``h*W + w`` index (float; -1 for an empty window).
 
-The loops run over kernel offsets only: each step reads one strided slice of the whole batch
-from a padded buffer large enough to hold the ceil-mode overhang.
+On NumPy float arrays MAX and AVE run in C (``layers.native``: Caffe's own window loops, with
+the flat argmax mask); otherwise the loops run over kernel offsets only: each step reads one
+strided slice of the whole batch from a padded buffer large enough to hold the ceil-mode
+overhang.
 """
 import itertools
 import math
@@ -15,7 +17,7 @@ import numpy
 
 from engine import backend
 from engine.layer import Layer, register_layer
-from layers import cudnn_pooling
+from layers import cudnn_pooling, native
 
 FLT_MAX = float(numpy.finfo(numpy.float32).max)
 FLT_MIN = float(numpy.finfo(numpy.float32).tiny)
@@ -67,6 +69,7 @@ class PoolingLayer(Layer):
         self.pad = _pair(self, p, "pad", 0)
         self.stride = _pair(self, p, "stride", 1)
         self.ceil_mode = p.round_mode == "CEIL"
+        self.mask = None  # Caffe's flat argmax index of each MAX output (C path)
         self._check_setup(top)
 
     def _check_setup(self, top):
@@ -158,6 +161,12 @@ class PoolingLayer(Layer):
         if self.method in ("MAX", "AVE") and self._whole_image(bottom[0].shape[2:]):
             self._backward_whole_image(xp, dy, bottom[0])
             return
+        if self.method == "MAX" and self.mask is not None and \
+                native.max_pool_backward(dy, self.mask, bottom[0].diff):
+            return
+        if self.method == "AVE" and native.ave_pool_backward(dy, self.k, self.pad, self.stride,
+                                                             bottom[0].diff):
+            return
         acc = xp.zeros(self._buffer_shape(bottom[0].shape), dtype=dy.dtype)
         if self.method == "AVE":
             g = dy / self._ave_divisor(xp, dy.dtype, bottom[0].shape[2:])
@@ -198,6 +207,14 @@ class PoolingLayer(Layer):
     def _forward_max(self, bottom, top):
         x = bottom[0].data
         xp = backend.get_array_module(x)
+        if native.enabled_for(x, top[0].data):
+            if self.mask is None or self.mask.shape != top[0].shape:
+                self.mask = numpy.empty(top[0].shape, dtype=numpy.int32)  # kept across iterations
+            native.max_pool(x, self.k, self.pad, self.stride, top[0].data, self.mask)
+            if len(top) == 2:
+                top[1].data[...] = self.mask
+            return
+        self.mask = None  # the offset-loop path keeps self.choice instead
         buf = self._buffer(x, -numpy.inf)  # padding and overhang can never win a strict '>'
         best = xp.full(x.shape[:2] + self.out, -FLT_MAX, dtype=x.dtype)
         choice = xp.full(best.shape, -1, dtype=numpy.int32)
@@ -222,6 +239,8 @@ class PoolingLayer(Layer):
 
     def _forward_ave(self, bottom, top):
         x = bottom[0].data
+        if native.ave_pool(x, self.k, self.pad, self.stride, top[0].data):
+            return
         xp = backend.get_array_module(x)
         buf = self._buffer(x, 0)
         total = xp.zeros(x.shape[:2] + self.out, dtype=x.dtype)

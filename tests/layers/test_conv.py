@@ -147,3 +147,162 @@ def test_reshape_rejects_changed_channels():
 @pytest.mark.parametrize("shape,body", [(c[0], c[1]) for c in CASES])
 def test_cupy_matches_numpy(shape, body):
     gpu_matches_cpu(conv_text(body), [RNG.standard_normal(shape).astype(numpy.float32)])
+
+
+# --- Deconvolution -----------------------------------------------------------------------------
+def deconv_text(body, name="d"):
+    return f'name: "{name}" type: "Deconvolution" convolution_param {{ {body} }}'
+
+
+def naive_deconv(x, w, b, stride, pad, dilation, group):
+    """Direct transposed convolution: every input pixel scatters ``x * w`` into the output."""
+    n_, c_, h_, w_ = x.shape
+    kh, kw = w.shape[2:]
+    og = w.shape[1]
+    oh = stride[0] * (h_ - 1) + dilation[0] * (kh - 1) + 1 - 2 * pad[0]
+    ow = stride[1] * (w_ - 1) + dilation[1] * (kw - 1) + 1 - 2 * pad[1]
+    y = numpy.zeros((n_, og * group, oh, ow))
+    for n in range(n_):
+        for c in range(c_):
+            g = c // (c_ // group)
+            for i in range(h_):
+                for j in range(w_):
+                    for o in range(og):
+                        for ki in range(kh):
+                            for kj in range(kw):
+                                yy = i * stride[0] - pad[0] + ki * dilation[0]
+                                xx = j * stride[1] - pad[1] + kj * dilation[1]
+                                if 0 <= yy < oh and 0 <= xx < ow:
+                                    y[n, g * og + o, yy, xx] += x[n, c, i, j] * w[c, o, ki, kj]
+    if b is not None:
+        y += b.reshape(1, -1, 1, 1)
+    return y
+
+
+# (bottom shape, convolution_param body, stride, pad, dilation, group)
+DECONV_CASES = [
+    ((2, 3, 4, 5), "num_output: 2 kernel_size: 3", (1, 1), (0, 0), (1, 1), 1),
+    ((1, 2, 4, 3), "num_output: 3 kernel_size: 4 stride: 2 pad: 1", (2, 2), (1, 1), (1, 1), 1),
+    ((2, 4, 3, 4), "num_output: 6 kernel_size: 3 stride: 2 pad: 1 dilation: 2 group: 2",
+     (2, 2), (1, 1), (2, 2), 2),
+    ((1, 6, 3, 3), "num_output: 3 kernel_h: 2 kernel_w: 3 stride_h: 3 stride_w: 1 pad_h: 1 "
+     "pad_w: 0 group: 3 bias_term: false", (3, 1), (1, 0), (1, 1), 3),
+    ((2, 3, 4, 4), "num_output: 5 kernel_size: 1", (1, 1), (0, 0), (1, 1), 1),
+]
+
+
+@pytest.fixture(params=["c", "numpy"])
+def kernel_path(request):
+    """Run a test on the C kernels and on the NumPy fallback."""
+    from layers import native
+    native.use_native(request.param == "c")
+    yield request.param
+    native.use_native(True)
+
+
+@pytest.mark.parametrize("shape,body,stride,pad,dilation,group", DECONV_CASES)
+def test_deconv_forward_matches_direct_loops(shape, body, stride, pad, dilation, group,
+                                             kernel_path):
+    x = RNG.standard_normal(shape)
+    layer, bottom, top = build(deconv_text(body), [x])
+    set_params(layer)
+    assert layer.blobs[0].shape[:2] == (shape[1], layer.num_output // group)
+    b = layer.blobs[1].data if len(layer.blobs) > 1 else None
+    expected = naive_deconv(x, layer.blobs[0].data, b, stride, pad, dilation, group)
+    (got,) = forward(layer, bottom, top)
+    assert got.shape == expected.shape
+    numpy.testing.assert_allclose(got, expected, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("shape,body,stride,pad,dilation,group", DECONV_CASES)
+def test_deconv_matches_torch_conv_transpose2d(shape, body, stride, pad, dilation, group):
+    torch = pytest.importorskip("torch")
+    x = RNG.standard_normal(shape)
+    layer, bottom, top = build(deconv_text(body), [x])
+    set_params(layer)
+    xt = torch.tensor(x, requires_grad=True)
+    wt = torch.tensor(layer.blobs[0].data, requires_grad=True)
+    bt = torch.tensor(layer.blobs[1].data, requires_grad=True) if len(layer.blobs) > 1 else None
+    yt = torch.nn.functional.conv_transpose2d(xt, wt, bt, stride, pad, 0, group, dilation)
+    (got,) = forward(layer, bottom, top)
+    numpy.testing.assert_allclose(got, yt.detach().numpy(), rtol=1e-10, atol=1e-10)
+    dy = RNG.standard_normal(got.shape)
+    yt.backward(torch.tensor(dy))
+    top[0].diff[...] = dy
+    layer.backward(top, [True], bottom)
+    numpy.testing.assert_allclose(bottom[0].diff, xt.grad.numpy(), rtol=1e-10, atol=1e-10)
+    numpy.testing.assert_allclose(layer.blobs[0].diff, wt.grad.numpy(), rtol=1e-10, atol=1e-10)
+    if bt is not None:
+        numpy.testing.assert_allclose(layer.blobs[1].diff, bt.grad.numpy(), rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("shape,body", [(c[0], c[1]) for c in DECONV_CASES])
+def test_deconv_gradients(shape, body, kernel_path):
+    layer, bottom, top = build(deconv_text(body), [RNG.standard_normal(shape)])
+    set_params(layer)
+    check_layer_gradient(layer, bottom, top, setup=False)
+
+
+def test_deconv_float32_close_to_reference(kernel_path):
+    x = RNG.standard_normal((2, 4, 5, 5)).astype(numpy.float32)
+    body = "num_output: 4 kernel_size: 3 stride: 2 pad: 1 group: 2"
+    layer, bottom, top = build(deconv_text(body), [x], dtype=numpy.float32)
+    set_params(layer)
+    (got,) = forward(layer, bottom, top)
+    assert got.dtype == numpy.float32 and got.shape == (2, 4, 9, 9)
+    expected = naive_deconv(x.astype(float), layer.blobs[0].data.astype(float),
+                            layer.blobs[1].data.astype(float), (2, 2), (1, 1), (1, 1), 2)
+    numpy.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_deconv_param_diffs_accumulate():
+    assert_param_diffs_accumulate(deconv_text("num_output: 2 kernel_size: 2 stride: 2"),
+                                  [RNG.standard_normal((2, 3, 3, 3))], RNG)
+
+
+def test_deconv_output_size_error_names_the_layer():
+    with pytest.raises(LayerError) as info:
+        build(deconv_text("num_output: 2 kernel_size: 1 pad: 2", name="up_bad"),
+              [numpy.zeros((1, 1, 2, 2))])
+    assert "up_bad" in str(info.value) and "not positive" in str(info.value)
+
+
+@pytest.mark.parametrize("shape,body,stride,pad,dilation,group", CASES)
+def test_forward_matches_direct_loops_on_both_paths(shape, body, stride, pad, dilation, group,
+                                                    kernel_path):
+    x = RNG.standard_normal(shape).astype(numpy.float32)
+    layer, bottom, top = build(conv_text(body), [x], dtype=numpy.float32)
+    set_params(layer)
+    b = layer.blobs[1].data if len(layer.blobs) > 1 else None
+    expected = naive.conv_forward(x.astype(float), layer.blobs[0].data.astype(float),
+                                  None if b is None else b.astype(float), stride, pad, dilation,
+                                  group)
+    (got,) = forward(layer, bottom, top)
+    numpy.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape,body", [(c[0], c[1]) for c in DECONV_CASES])
+def test_deconv_cupy_matches_numpy(shape, body):
+    gpu_matches_cpu(deconv_text(body), [RNG.standard_normal(shape).astype(numpy.float32)])
+
+
+@pytest.mark.parametrize("shape,body,stride,pad,dilation,group", CASES[:5])
+def test_per_image_gemm_layout(shape, body, stride, pad, dilation, group, monkeypatch):
+    """Forced per-image GEMMs (the layout large outputs take) against direct loops and gradients."""
+    monkeypatch.setattr(conv_module, "PER_IMAGE_MIN_POSITIONS", 1)
+    x = RNG.standard_normal(shape)
+    layer, bottom, top = build(conv_text(body), [x])
+    set_params(layer)
+    b = layer.blobs[1].data if len(layer.blobs) > 1 else None
+    expected = naive.conv_forward(x, layer.blobs[0].data, b, stride, pad, dilation, group)
+    (got,) = forward(layer, bottom, top)
+    numpy.testing.assert_allclose(got, expected, rtol=1e-12, atol=1e-12)
+    check_layer_gradient(layer, bottom, top, setup=False)
+    d_layer, d_bottom, d_top = build(deconv_text(body), [x])
+    set_params(d_layer)
+    b = d_layer.blobs[1].data if len(d_layer.blobs) > 1 else None
+    (got,) = forward(d_layer, d_bottom, d_top)
+    numpy.testing.assert_allclose(got, naive_deconv(x, d_layer.blobs[0].data, b, stride, pad,
+                                                    dilation, group), rtol=1e-12, atol=1e-12)
+    check_layer_gradient(d_layer, d_bottom, d_top, setup=False)

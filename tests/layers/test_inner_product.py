@@ -45,6 +45,26 @@ def test_gradients(shape, body):
     check_layer_gradient(layer, bottom, top, setup=False)
 
 
+@pytest.mark.parametrize("shape,body", [(c[0], c[1]) for c in CASES])
+def test_weight_gradient_in_row_blocks(shape, body, monkeypatch):
+    """Blocks of one row (the cache-sized path large layers take) give the closed form
+    dW = dy^T x (x^T dy when transposed), accumulated onto what was there."""
+    from layers import inner_product
+    monkeypatch.setattr(inner_product, "PRODUCT_BLOCK_ELEMENTS", 1)
+    x = RNG.standard_normal(shape)
+    layer, bottom, top = build(ip_text(body), [x])
+    set_params(layer)
+    forward(layer, bottom, top)
+    dy = RNG.standard_normal(top[0].shape)
+    top[0].diff[...] = dy
+    before = RNG.standard_normal(layer.blobs[0].shape)
+    layer.blobs[0].diff[...] = before
+    layer.backward(top, [True], bottom)
+    x2d, dy2d = x.reshape(-1, layer.k), dy.reshape(-1, layer.num_output)
+    expected = x2d.T @ dy2d if layer.transpose else dy2d.T @ x2d
+    numpy.testing.assert_allclose(layer.blobs[0].diff, before + expected, rtol=1e-12, atol=1e-12)
+
+
 def test_param_diffs_accumulate_bottom_diff_overwritten():
     assert_param_diffs_accumulate(ip_text("num_output: 3"), [RNG.standard_normal((2, 4))], RNG)
 
