@@ -1,12 +1,19 @@
 """The README's examples are real: its comm block parses with the solver schema, its quick start
-has exactly two commands, and every `caffe8` subcommand it shows exists."""
+has exactly two commands, every `caffe8` subcommand it shows exists, and every command and the
+Python example run as a new user would run them."""
 import os
 import re
+import shutil
+import subprocess
+import sys
+
+import pytest
 
 from caffe8.cli import build_parser
 from engine.prototxt import parse_text
 
-README = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "README.md")
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+README = os.path.join(REPO, "README.md")
 
 
 def _text():
@@ -34,3 +41,49 @@ def test_subcommands_shown_exist():
     shown = set(re.findall(r"^caffe8 (\w+)", block, re.M))
     sub = build_parser()._subparsers._group_actions[0].choices
     assert shown and shown <= set(sub)
+
+
+def _block(title_regex, lang=""):
+    return re.search(title_regex + r".*?```" + lang + r"\n(.*?)```", _text(), re.S).group(1)
+
+
+def _argv(line, mpiexec):
+    """A README command line as argv: `caffe8` → this Python's `-m caffe8.cli`."""
+    words = line.split("#")[0].split()
+    out = []
+    for w in words:
+        if w == "caffe8":
+            out += [sys.executable, "-m", "caffe8.cli"]
+        elif w == "mpiexec":
+            out.append(mpiexec)
+        else:
+            out.append(w)
+    return out
+
+
+@pytest.mark.mpi
+def test_every_readme_command_and_the_python_example_run(tmp_path):
+    """As a new user: the quick start's training under mpiexec, then every line of the
+    command-line block, then the Python example, in a fresh working directory."""
+    mpiexec = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+    if not os.path.exists(mpiexec):
+        mpiexec = shutil.which("mpiexec")
+    if mpiexec is None:
+        pytest.skip("no mpiexec")
+    os.symlink(os.path.join(REPO, "prototxt"), tmp_path / "prototxt")
+    env = dict(os.environ, PYTHONPATH=REPO)
+    quick = _block(r"## Quick start\s+").splitlines()[0]
+    train = quick[quick.index("mpiexec"):].replace(".venv/bin/", "")
+    commands = [train] + [l for l in _block(r"## Command line").splitlines() if l.strip()]
+    for line in commands:
+        r = subprocess.run(_argv(line, mpiexec), cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, text=True, timeout=600)
+        assert r.returncode == 0, f"{line}\n{r.stdout[-3000:]}"
+        assert "Traceback" not in r.stdout, line
+    assert (tmp_path / "runs" / "digits" / "digits.caffemodel.h5").exists()
+    example = _block(r"## Python API", "python")
+    r = subprocess.run([sys.executable, "-c", example], cwd=tmp_path, env=env,
+                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    accuracy = float(re.search(r"accuracy ([\d.]+)", r.stdout).group(1))
+    assert accuracy > 0.8, r.stdout
