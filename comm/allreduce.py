@@ -10,7 +10,7 @@ to the others (allgather), so no rank ever adds the same numbers in another orde
 
 ``stages`` says how many addends the sum has before and after the optional ``between(piece)``
 callback, which the hierarchical sum runs on each intra-node partial sum before the inter-node
-sum: the fp8 codec divides by the number of nodes there (SPEC §3.3). Single-stage algorithms
+sum: the fp8 codec divides by the number of nodes there. Single-stage algorithms
 report ``(P, 1)`` and never call it.
 
 The gather transport hands every rank all P payloads in rank order (their lengths may differ),
@@ -168,7 +168,7 @@ class Allreduce:
 
 @register_transport("flat")
 class FlatAllreduce(Allreduce):
-    """One MPI_Allreduce with the wire op (MPICH chooses the schedule; the seed's ablation).
+    """One MPI_Allreduce with the wire op (MPICH chooses the schedule; Oyama et al.'s ablation).
 
     For user-defined ops MPICH uses recursive doubling, applying the op to the whole vector at
     every step; every pairwise step is commutative-exact, so ranks still agree bit for bit.
@@ -202,7 +202,7 @@ class ReduceScatterAllgather(Allreduce):
 
 @register_transport("hierarchical")
 class HierarchicalAllreduce(Allreduce):
-    """SPEC §3.4 / the seed's Algorithm 1, lines 16-23.
+    """Oyama et al.'s Algorithm 1, lines 16-23.
 
     1. intra-node reduce-scatter: local rank l owns piece l (1/P') and adds the P' pieces of
        its node in local-rank order;

@@ -1,4 +1,4 @@
-"""Auto Precision Scaling (seed 001, Han et al.): per-tensor power-of-two scale into a small float.
+"""Auto Precision Scaling (Han, Demmel, You, "Auto-Precision Scaling for distributed deep learning"): per-tensor power-of-two scale into a small float.
 
 For one tensor g on P ranks:
 
@@ -6,7 +6,7 @@ For one tensor g on P ranks:
    (one small integer, not a float, goes on the wire);
 2. E = MAX-allreduce of E_r, so every max |g_r| < 2**(E+1);
 3. the scale is 2**k with k the LARGEST integer such that P * 2**(E+1) * 2**k <= U, U = the
-   format's largest finite value (the seed's relaxed no-overflow condition, Eq. 2-4): the sum of
+   format's largest finite value (the APS paper's relaxed no-overflow condition, Eq. 2-4): the sum of
    the P scaled values can then never exceed U. A power of two is exact to apply and undo, so
    scaling adds no rounding of its own (seed §3.3.1);
 4. every rank sends its g * 2**k rounded to nearest even in the format (comm.formats.FloatFormat:

@@ -134,7 +134,7 @@ class _Fp8Context:
 
 @register_codec("fp8")
 class Fp8Codec(Codec):
-    """The seed's method: fp8 (E5M2) of D x 57344 / q / P', /(P/P') between the stages,
+    """Oyama et al.'s method: fp8 (E5M2) of D x 57344 / q / P', /(P/P') between the stages,
     x q / 57344 after; D = grad / (|W| + eps) when ``relative`` else grad.
 
     Host arrays use comm.kernels' fused ratio/scale/convert passes, device arrays the fused CUDA

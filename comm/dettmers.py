@@ -1,16 +1,16 @@
-"""Dettmers' four 8-bit data types (seed 000, "8-bit approximations for parallelism", §3.1).
+"""Dettmers' four 8-bit data types ("8-bit approximations for parallelism in deep learning", §3.1).
 
 Each type is a table of representable values; a code is the value's index in the ascending table
-(the seed's implementation does the same: a binary search in a sorted table of the values).
+(the paper's implementation does the same: a binary search in a sorted table of the values).
 Encoding picks the nearest table value (``searchsorted`` on the midpoints between neighbours;
 an exact midpoint goes to the lower value), decoding is a table lookup. The codec normalises a
 tensor by its max |value| (so every type works on [-1, 1]) and sends that float32 value with
 the codes (signed: see ``peak_scale``).
 
-The four types (sign bit + 7 bits; "decade" d is the seed's exponent offset 10**d, 0 for data
+The four types (sign bit + 7 bits; "decade" d is the paper's exponent offset 10**d, 0 for data
 normalised to [-1, 1]):
 
-- ``"linear"`` — linear quantisation (Vanhoucke et al. 2011), the seed's "7-bit bisection tree
+- ``"linear"`` — linear quantisation (Vanhoucke et al. 2011), the paper's "7-bit bisection tree
   on [0, 1] with no exponent": k / 127, k = -127..127 (255 values, one zero).
 - ``"mantissa"`` — 3-bit decimal exponent e = 0..7 and a 4-bit integer mantissa m = 0..15
   ("the mantissa will hold values between 0 and 15"): m * 10**(d - 1 - e). Many codes coincide
@@ -19,13 +19,13 @@ normalised to [-1, 1]):
   midpoints of equal intervals of [0.1, 1], times 10**(d - e). 256 values, zero is not one of
   them (the nearest is +-0.128e-7 * 10**d).
 - ``"dynamic_tree"`` — n leading zero bits give 10**-n, then a 1 flag bit, then 6 - n bits of
-  bisection tree on (0.1, 1), n = 0..6 (the seed's smallest exponent is 10**-6); the all-zero
+  bisection tree on (0.1, 1), n = 0..6 (the paper's smallest exponent is 10**-6); the all-zero
   code is 0. The tree values are the 2**(6-n) interval midpoints of [0.1, 1], as in Dettmers'
   later published construction (bitsandbytes' ``create_dynamic_map``), which also gives the
   spare code (the would-be -0) to +1.0 so that the max |value| itself is exact: 256 values.
   ``codebook(kind)`` lists the distinct values; at most 256, so a code fits a uint8.
 
-The seed's worked example ("0.2345678 approximated as 0.236719 instead of 0.23125 or 0.2") does
+The paper's worked example ("0.2345678 approximated as 0.236719 instead of 0.23125 or 0.2") does
 not follow from any equal-width bisection of (0.1, 1) we could derive, so the midpoint
 construction above is the definition used here (docs/dettmers_table2.md).
 

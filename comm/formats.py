@@ -1,4 +1,4 @@
-"""Small floating-point formats (SPEC §3.1, seed 001's arbitrary exp/man formats).
+"""Small floating-point formats (the APS paper's arbitrary exp/man formats).
 
 A ``FloatFormat(exp_bits, man_bits)`` is a 1 + exp_bits + man_bits bit float stored in the low
 bits of a uint8 (or uint16 for wider formats). Values are IEEE-like: exponent field 0 holds zero
@@ -6,7 +6,7 @@ and the subnormals, the others hold normal numbers ``(1 + m / 2**man_bits) * 2**
 What the top exponent field means is the format's *special* style:
 
 - ``"ieee"`` — the top exponent field is infinity (mantissa 0) and NaN (otherwise), as in IEEE
-  half and in float8_e5m2. Used for E5M2 (the seed's fp8: the upper byte of a half) and E3M0.
+  half and in float8_e5m2. Used for E5M2 (Oyama et al.'s fp8: the upper byte of a half) and E3M0.
 - ``"fn"`` — finite only (OCP FP8 E4M3, ml_dtypes ``float8_e4m3fn``): only the all-ones
   exponent-and-mantissa code is NaN, the rest of the top binade holds normal numbers, so E4M3
   reaches 448 = 1.75 * 2**8 rather than 240.
@@ -116,7 +116,7 @@ class FloatFormat:
         """Float array → codes (uint8/uint16) of the same shape.
 
         ``"nearest"``: round to nearest, ties to even, at the target precision. ``"truncate"``
-        (E5M2 only): the seed's conversion — round to float16 (nearest even), keep the upper byte;
+        (E5M2 only): Oyama et al.'s conversion — round to float16 (nearest even), keep the upper byte;
         a float16 overflow to infinity saturates like any other overflow.
         """
         if rounding not in _ROUNDINGS:
@@ -174,9 +174,9 @@ class FloatFormat:
         return xp.where(overflow, sat, code).astype(xp.uint8)
 
 
-FP8_E5M2 = FloatFormat(5, 2, name="E5M2")          # the seed's fp8: max 57344, min 2**-16
+FP8_E5M2 = FloatFormat(5, 2, name="E5M2")          # Oyama et al.'s fp8: max 57344, min 2**-16
 E4M3 = FloatFormat(4, 3, special="fn", name="E4M3")  # OCP FP8 E4M3 ("fn"): max 448, min 2**-9
-E3M0 = FloatFormat(3, 0, name="E3M0")              # seed 001's 4-bit float: 0.25 .. 8, no subnormal
+E3M0 = FloatFormat(3, 0, name="E3M0")              # the APS paper's 4-bit float: 0.25 .. 8, no subnormal
 E3M4 = FloatFormat(3, 4, name="E3M4")              # ml_dtypes float8_e3m4 layout: max 15.5
 E2M1 = FloatFormat(2, 1, special="none", name="E2M1")  # OCP FP4: all codes finite, max 6
 FP16 = FloatFormat(5, 10, name="FP16")             # IEEE half, for checks against numpy.float16

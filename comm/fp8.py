@@ -1,4 +1,4 @@
-"""The seed's fp8 (E5M2, the upper byte of an IEEE half) on NumPy and CuPy arrays (SPEC 3.1, 4).
+"""Oyama et al.'s fp8 (E5M2, the upper byte of an IEEE half) on NumPy and CuPy arrays.
 
     from comm import fp8
     b = fp8.encode(x)                      # float array -> uint8 codes, same shape
@@ -8,7 +8,7 @@
 
 Rounding: ``"nearest"`` rounds once, to nearest with ties to even at fp8 precision (subnormals
 included; identical to ml_dtypes' float32 -> float8_e5m2 cast below the overflow threshold);
-``"truncate"`` is the seed's conversion (CUDA's float -> half, nearest even, then keep the upper
+``"truncate"`` is Oyama et al.'s conversion (CUDA's float -> half, nearest even, then keep the upper
 byte). Both saturate: |x| beyond 57344 and ±inf give ±57344, never inf — including values that
 float16 itself rounds to inf (|x| >= 65520) under ``"truncate"``. NaN gives a NaN code (0x7E).
 ``"seed"`` is everything as Oyama, Nomura, Sato and Matsuoka did it: the ``"truncate"`` conversion
@@ -35,7 +35,7 @@ def _check_rounding(rounding):
 
 
 def _conversion(rounding):
-    """The conversion a rounding mode uses: the seed's conversion is ``"truncate"``."""
+    """The conversion a rounding mode uses: Oyama et al.'s conversion is ``"truncate"``."""
     return "truncate" if rounding == "seed" else rounding
 
 
@@ -67,7 +67,7 @@ __device__ __forceinline__ unsigned int c8_half_rne(float f) {
     return s | ((a >> 13) - (112u << 10));
 }
 
-// the seed's conversion: half (nearest even), upper byte; half inf saturates
+// Oyama et al.'s conversion: half (nearest even), upper byte; half inf saturates
 __device__ __forceinline__ unsigned char c8_fp8_trunc(float f) {
     unsigned int c = c8_half_rne(f) >> 8;
     if ((c & 0x7Fu) == 0x7Cu) c -= 1u;
@@ -196,7 +196,7 @@ def encode_ratio(grad, weight, eps, scale, rounding="nearest"):
     """fp8 codes of ``grad / (|weight| + eps) * scale``, computed in float32 in that order.
 
     grad, weight: float32 arrays of one shape (NumPy or CuPy); eps, scale: Python floats.
-    On CuPy this is one fused kernel (SPEC 4); on NumPy the same float32 operations.
+    On CuPy this is one fused kernel; on NumPy the same float32 operations.
     """
     _check_rounding(rounding)
     xp = backend.get_array_module(grad, weight)

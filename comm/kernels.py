@@ -26,7 +26,7 @@ fp8 precision, still saturating). For the conversions ``"seed"`` is their conver
 as ``"truncate"``.
 
 The ratio kernels (``encode_ratio_fp8`` / ``decode_ratio_fp8``) fuse the fp8 codec's relative
-scaling with the conversion (SPEC §4: one pass each way, no float32 temporaries): each step is a
+scaling with the conversion (one pass each way, no float32 temporaries): each step is a
 float32 operation in NumPy's order, so their bits equal the NumPy sequence they replace.
 """
 import ctypes
@@ -411,7 +411,7 @@ def half_sum_ptr(src_addr, dst_addr, n):
 
 # --- conversions --------------------------------------------------------------------------------
 def encode_fp8(x_f32, out_u8, scale=1.0, rounding="nearest"):
-    """``out_u8 = fp8(float32(x_f32 * scale))``; rounding "nearest" or "truncate" (the seed's:
+    """``out_u8 = fp8(float32(x_f32 * scale))``; rounding "nearest" or "truncate" (Oyama et al.'s:
     half, nearest even, keep the upper byte); saturating. Returns out_u8."""
     check_rounding(rounding, "comm.kernels.encode_fp8: rounding")
     _check(x_f32, 4, "x_f32")

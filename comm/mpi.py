@@ -37,7 +37,7 @@ it already, so ``VAR=... mpiexec ...`` always wins (docs/MPI.md has the measurem
 
 Not set on purpose: ``MPIR_CVAR_ALLREDUCE_INTRA_ALGORITHM``. For MPI_SUM on float32 MPICH's
 automatic choice was within noise of forcing ``reduce_scatter_allgather``, and for *user-defined*
-ops forcing it changed nothing measurable (SPEC §3.5: MPICH reduces user ops with recursive
+ops forcing it changed nothing measurable (MPICH reduces user ops with recursive
 doubling, the op running on the whole vector at every step), which is why comm/allreduce.py
 schedules reduce-scatter + allgather itself. The benchmark still times MPICH's own
 Reduce_scatter_block + Allgather for every format.
@@ -201,7 +201,7 @@ def thread_level_name():
 
 
 def node_comms(comm, processes_per_node=0):
-    """(intra, inter) communicators of the hierarchical sum (SPEC §3.4).
+    """(intra, inter) communicators of the hierarchical sum.
 
     ``intra`` holds the processes of one node, ordered by world rank; ``inter`` holds the
     processes with the same local index across nodes, ordered by node. ``processes_per_node``

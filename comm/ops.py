@@ -1,7 +1,7 @@
-"""MPI datatypes and reduction ops for the wire formats (SPEC §3.5), and padding helpers.
+"""MPI datatypes and reduction ops for the wire formats, and padding helpers.
 
 MPI has no 8-bit float, so fp8 travels as a 16-byte contiguous datatype (16 fp8 values, the
-seed's 128-bit vector) reduced by a commutative user op; half travels the same way (8 values per
+Oyama et al.'s 128-bit vector) reduced by a commutative user op; half travels the same way (8 values per
 16-byte item) with its own op. float32 uses MPI_FLOAT and the built-in MPI_SUM.
 
 A :class:`WireOp` bundles everything an allreduce algorithm needs to move and add one format:
@@ -20,7 +20,7 @@ import numpy
 
 from comm.mpi import mpi_module
 
-ITEM_BYTES = 16  # one MPI item: 128 bits, as in the seed's AVX kernels
+ITEM_BYTES = 16  # one MPI item: 128 bits, as in Oyama et al.'s AVX kernels
 
 
 @dataclass(frozen=True)

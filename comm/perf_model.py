@@ -1,5 +1,5 @@
-"""Predictive model of data-parallel iteration time and speedup (the seed's figure 7; the shape of
-Dettmers' appendix model in seed 000: per-layer compute, per-message latency + size / bandwidth,
+"""Predictive model of data-parallel iteration time and speedup (Oyama et al.'s figure 7; the shape of
+the appendix model of Dettmers' "8-bit approximations for parallelism in deep learning": per-layer compute, per-message latency + size / bandwidth,
 and communication hidden under the backward of the layers still to come).
 
 Units: seconds, bytes, elements. Inputs:
@@ -16,16 +16,16 @@ Schedules (per tensor of n elements, B = n·bytes):
 
 * ``flat``: one ring allreduce over all P processes: 2(P−1) steps, each paced by the slowest
   hop (inter-node when P > P'), 2(P−1)/P·B over that hop, (P−1)/P·n elements reduced;
-* ``hierarchical`` (SPEC §3.4): intra-node reduce-scatter over P' ((P'−1) steps,
+* ``hierarchical``: intra-node reduce-scatter over P' ((P'−1) steps,
   (P'−1)/P'·B), a ring allreduce of the 1/P' piece among the N = P/P' nodes — the P' processes
   of a node use its link at once, so each gets β_inter/P', which makes the inter-node term
   2(N−1)/N·B/β_inter — and an intra-node allgather.
 
 Every exchanged tensor also pays encode + decode (n / convert rate) and a copy to and from the
-host (2·B / host bandwidth). One process (P = 1) has no exchange at all (the seed's baseline).
+host (2·B / host bandwidth). One process (P = 1) has no exchange at all (Oyama et al.'s baseline).
 
 Iteration (``iteration_time``): forward, then backward from the last layer to the first. Without
-overlap the exchanges run after the whole backward, one after another. With overlap (the seed's
+overlap the exchanges run after the whole backward, one after another. With overlap (Oyama et al.'s
 asynchronous mode, one communication thread) the exchange of layer l starts when its backward has
 ended and the previous exchange is done; the iteration ends when both backward and the last
 exchange are done, plus the update.

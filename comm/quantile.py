@@ -1,4 +1,4 @@
-"""Range adjustment of the fp8 codec (SPEC §3.3, the seed's section 3.2.2).
+"""Range adjustment of the fp8 codec (Oyama et al.'s section 3.2.2).
 
 Every ``interval`` iterations each rank estimates q_l, the Q-quantile of |D_l|, from at most R
 random samples of the tensor, and the ranks agree on the maximum (MAX-allreduce), so every rank

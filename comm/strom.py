@@ -1,4 +1,4 @@
-"""Strom's threshold quantisation (seed 004, "Scalable distributed DNN training using commodity
+"""Strom's threshold quantisation ("Scalable distributed DNN training using commodity
 GPU cloud computing", §2.4-2.5 and its pseudo code).
 
 Per tensor, each rank keeps a float32 *gradient residual* R (error feedback). Every step:
@@ -8,11 +8,11 @@ Per tensor, each rank keeps a float32 *gradient residual* R (error feedback). Ev
     R_i < -tau  ->  send (i, -tau), R_i += tau
     otherwise   ->  nothing; R_i stays for later steps
 
-(strict inequalities, as in the seed's pseudo code; at most one +-tau per element and step).
+(strict inequalities, as in Strom's pseudo code; at most one +-tau per element and step).
 
 Message: one uint32 word per sent element, ``word = (i << 1) | s``: bits 31..1 hold the 31-bit
 flat index i, bit 0 the sign s (1 for -tau, 0 for +tau). The index sits in the high bits so that
-words sorted by value are sorted by index (the seed's "sorted sets of integers", whose gaps it
+words sorted by value are sorted by index (Strom's "sorted sets of integers", whose gaps it
 entropy-codes). A tensor of more than 2**31 elements has indices that do not fit in 31 bits: it
 is refused with a CaffeError (split it into several tensors) rather than silently wrapped.
 

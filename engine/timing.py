@@ -5,7 +5,7 @@ backward, so a layer's time is the interval since the previous hook. On the GPU 
 CUDA events (device time, not host clocks); on the CPU they are ``perf_counter`` readings.
 The exchange reports its own per-layer phases (encode, D2H, wait for the copy, communication,
 H2D, decode, quantile) as an :class:`ExchangeTimes` record in its ``timings``. The record layout is documented in
-docs/timing_schema.json and summarised as the seed's figure 5/6 split:
+docs/timing_schema.json and summarised as Oyama et al.'s figure 5/6 split:
 ForwardBackward, D2H, Communication, H2D, Quantile, Other (seconds).
 """
 import json

@@ -274,7 +274,7 @@ class Trainer:
         return self.net.forward_backward(as_float=False)
 
     def _consistency_check(self):
-        """Every K iterations all ranks compare a checksum of their parameters (SPEC §6)."""
+        """Every K iterations all ranks compare a checksum of their parameters."""
         k = self.param.comm.consistency_check_interval
         if not k or not self.callbacks or self.iter % k:
             return

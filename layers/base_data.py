@@ -4,7 +4,7 @@ A data layer subclass implements ``data_setup(top) -> list of top shapes`` (open
 one record to learn the shapes) and ``load_batch() -> tuple of host arrays`` (the next batch, in
 the layer's dtype). This class adds:
 
-* sharding (SPEC §2.3): the Net sets ``layer.rank`` / ``layer.world`` before setup; a layer keeps
+* sharding: the Net sets ``layer.rank`` / ``layer.world`` before setup; a layer keeps
   the records whose index ≡ rank (mod world) and reads the full ``batch_size`` from them, in TRAIN
   *and* TEST (caffe8 averages test results over all ranks, unlike Caffe);
 * per-layer random generators seeded once from ``backend.rng()`` at setup — ``self.rng`` (crop,
@@ -60,7 +60,7 @@ def read_list_file(path, what):
 class BaseDataLayer(Layer):
     is_data = True
     exact_num_bottom = 0
-    #: set by the Net before setup (SPEC §2.3)
+    #: set by the Net before setup
     rank = 0
     world = 1
     #: batches prepared ahead on the prefetch thread; 0 reads inline on the calling thread

@@ -1,6 +1,6 @@
 """EmulatedCompute: an identity layer that spends a set time in forward and backward.
 
-It lets a CPU-only machine show the overlap of communication with compute (SPEC §3.6) at the
+It lets a CPU-only machine show the overlap of communication with compute at the
 proportions of a GPU run: the layer passes data and gradients through unchanged and sleeps
 ``emulate_param.forward_ms`` in forward and ``backward_ms`` in backward. ``time.sleep`` releases
 the GIL, as a running GPU kernel leaves the host thread free, so the communication thread keeps

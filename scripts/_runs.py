@@ -5,7 +5,7 @@
 * running ``mpiexec -n P python -m caffe8.cli train`` with a timeout (the whole process group is
   killed when it runs over, so a hung job never blocks the sweep);
 * reading timing logs (docs/timing_schema.json) and reducing them to iteration times;
-* the sweep itself, the CSV and the throughput/speedup plot of the seed's figure 7.
+* the sweep itself, the CSV and the throughput/speedup plot of Oyama et al.'s figure 7.
 
 Per-rank logs: ``caffe8 train --timing-log F`` lets every rank append its own records to F. The
 runs give each rank its own file instead, with mpiexec's MPMD form,
@@ -26,7 +26,7 @@ if REPO not in sys.path:
 from engine.errors import CaffeError  # noqa: E402  (after the path fix above)
 from engine.prototxt import parse_file, to_text  # noqa: E402
 
-# The codec registry (comm.codecs.CODECS) says fp32/fp16; the seed says float/half.
+# The codec registry (comm.codecs.CODECS) says fp32/fp16; the paper says float/half.
 CODEC_ALIASES = {"float": "fp32", "float32": "fp32", "half": "fp16", "float16": "fp16"}
 CSV_FIELDS = ("mode", "p", "codec", "async", "processes_per_node", "batch_per_process",
               "global_batch", "iterations", "mean_iter_s", "median_iter_s", "stat",
@@ -309,7 +309,7 @@ def mean_median(values):
     return sum(v) / len(v), (v[mid] if len(v) % 2 else (v[mid - 1] + v[mid]) / 2)
 
 
-# --- the sweep, its CSV and its plot (seed figure 7) -----------------------------------------
+# --- the sweep, its CSV and its plot (Oyama et al.'s figure 7) -----------------------------------------
 def build_parser(description, mode):
     import argparse
     ap = argparse.ArgumentParser(description=description)
@@ -329,7 +329,7 @@ def build_parser(description, mode):
     ap.add_argument("--repeats", type=int, default=1,
                     help="runs per point, round robin over the points; iterations are pooled")
     ap.add_argument("--stat", choices=("mean", "median"), default="mean",
-                    help="iteration time behind throughput and speedup (the seed uses the median)")
+                    help="iteration time behind throughput and speedup (Oyama et al. use the median)")
     if mode == "weak":
         ap.add_argument("--batch", type=int, default=0,
                         help="per-process batch (default: the net's own)")
@@ -367,7 +367,7 @@ def batch_for(mode, args, net_batch, p):
 def sweep(args, mode):
     """Run every (codec, async, p) ``--repeats`` times; return (CSV rows, failures).
 
-    p = 1 is the seed's baseline (one process, no MPI communication at all), so it runs once per
+    p = 1 is Oyama et al.'s baseline (one process, no MPI communication at all), so it runs once per
     repeat and heads every series; speedup = throughput / baseline throughput. Repeats go round
     robin over all points, so a burst of load from other jobs hits every point alike; a point's
     statistics pool the iterations of all its repeats.

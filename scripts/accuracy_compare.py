@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Test accuracy of exchange variants side by side (the seed's figures 8, 11 and 13).
+"""Test accuracy of exchange variants side by side (Oyama et al.'s figures 8, 11 and 13).
 
 Usage (from the repository root; the digits data path is relative to the CWD)::
 
@@ -31,7 +31,7 @@ from engine.errors import CaffeError  # noqa: E402
 from engine.prototxt import parse_file, to_text  # noqa: E402
 from engine.schema import SCHEMA  # noqa: E402
 
-# The seed's comparisons. warmup_fp32_iters 0 makes fp8 variants fp8 from the first iteration
+# Oyama et al.'s comparisons. warmup_fp32_iters 0 makes fp8 variants fp8 from the first iteration
 # (a clean comparison); "fp8_warmup" keeps the solver's own warm-up.
 PRESETS = {
     "fp32": {"codec": "fp32"},
@@ -213,7 +213,7 @@ def write_csv(rows, path):
 
 
 def plot(rows, path, title=""):
-    """Accuracy vs iteration and vs seconds, one line per variant (seed figures 8, 11, 13)."""
+    """Accuracy vs iteration and vs seconds, one line per variant (Oyama et al.'s figures 8, 11, 13)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

@@ -1,4 +1,4 @@
-"""Allreduce time vs element count for float32 (MPI_SUM), half and fp8 (the seed's figure 3).
+"""Allreduce time vs element count for float32 (MPI_SUM), half and fp8 (Oyama et al.'s figure 3).
 
     mpiexec -n 2 python scripts/allreduce_bench.py --elements 1M,16M,64M,256M \
         --codecs fp32,fp16,fp8 --repeat 10 --csv out.csv

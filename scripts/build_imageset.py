@@ -7,7 +7,7 @@ Usage:
 
 ROOT holds one folder per class (e.g. ImageNet synsets ``n01440764/…JPEG``). Labels are the
 positions of the class names in ``--classes`` (one name per line: pick and order a subset, e.g.
-the seed's 16 ImageNet classes) or, without it, in sorted folder order. Writes OUT_LIST with
+Oyama et al.'s 16 ImageNet classes) or, without it, in sorted folder order. Writes OUT_LIST with
 ``relpath label`` lines (use ``root_folder: "ROOT/"`` in ImageData) and ``OUT_LIST``'s stem +
 ``_classes.txt`` with the class names in label order. ``--lmdb`` writes records keyed
 ``%08d_relpath`` (Caffe's convert_imageset): raw BGR/grey uint8 (images must share a size, or

@@ -1,23 +1,23 @@
-"""Reproduce the random-distribution rows of Table 2 of seed 000 (Dettmers, 8-bit approximations).
+"""Reproduce the random-distribution rows of Table 2 of Dettmers, "8-bit approximations for parallelism in deep learning".
 
 Run: python scripts/dettmers_table2.py --samples 25000000 --csv runs/dettmers_table2.csv
 
-What the seed measures (§3.4): the mean absolute error and the mean relative error (in %) of
+What the paper measures (§3.4): the mean absolute error and the mean relative error (in %) of
 approximating each number of a sample of 25 million numbers drawn from U(0, 1), N(0, 1),
-N(0, 10^2) and N(0, 0.2^2) by each 8-bit data type. Protocol, as the seed states it: "8-bit
+N(0, 10^2) and N(0, 0.2^2) by each 8-bit data type. Protocol, as the paper states it: "8-bit
 mantissa" and "8-bit static tree" are not normalised and use an exponent offset of 10^2 for
 N(0, 10^2) and 10^1 otherwise; "dynamic tree" and "linear quant" divide the sample by its max
 |value| (the whole sample's) and multiply back after the approximation. The data types are
 comm/dettmers.py's (its docstring gives the exact tables).
 
 Here: mean absolute error = mean |x' - x|; mean relative error = 100 * mean(|x' - x| / |x|)
-over x != 0; also the mean signed error (bias) mean(x' - x), since some of the seed's "mean
+over x != 0; also the mean signed error (bias) mean(x' - x), since some of the paper's "mean
 absolute error" numbers are far below what any rounding to these tables can give (e.g. 0.00004
 for the dynamic tree on U(0, 1), whose values in [0.1, 1] are 0.014 apart) and may be a bias.
 The extra "codec" columns give the errors when every type is normalised by the max |value| (what
 comm.dettmers.DettmersCodec sends). Not reproduced: the MNIST rows (gradients and activations of
-the seed's 784-1024-1024-10 net, not available here); the sample is NumPy's PCG64 with --seed.
-Writes a CSV and prints a markdown table (ours next to the seed's numbers) to stdout.
+the paper's 784-1024-1024-10 net, not available here); the sample is NumPy's PCG64 with --seed.
+Writes a CSV and prints a markdown table (ours next to the paper's numbers) to stdout.
 
 ``--rounding seed`` encodes with the paper's own binary search (comm.dettmers.bisection_search:
 the second nearest value for about 25 % of inputs) instead of the exact nearest value; the
@@ -36,7 +36,7 @@ import numpy
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from comm.dettmers import Table  # noqa: E402
 
-# (distribution, data type) -> (mean absolute error, mean relative error in %), seed's Table 2.
+# (distribution, data type) -> (mean absolute error, mean relative error in %), the paper's Table 2.
 SEED = {
     ("U(0,1)", "dynamic_tree"): (0.00004, 1.39), ("U(0,1)", "linear"): (0.0024, 2.16),
     ("U(0,1)", "mantissa"): (0.0017, 7.22), ("U(0,1)", "static_tree"): (0.0007, 4.82),

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Histograms of |∇W| and |D| = |∇W / (|W| + ε)| per tensor (the seed's figures 1 and 9).
+"""Histograms of |∇W| and |D| = |∇W / (|W| + ε)| per tensor (Oyama et al.'s figures 1 and 9).
 
 Usage (from the repository root)::
 

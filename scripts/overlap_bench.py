@@ -1,4 +1,4 @@
-"""Overlap of communication and backward (SPEC §3.6, issue: async ≤ 1.1 × max(FB, Comm)).
+"""Overlap of communication and backward (target: async ≤ 1.1 × max(FB, Comm)).
 
     python scripts/overlap_bench.py --processes 2 --backward-ms 1.5 --out runs/overlap
 

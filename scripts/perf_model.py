@@ -9,7 +9,7 @@ Usage (from the repository root)::
         --timing-log runs/x/timing.r0.jsonl --procs 2,4,8,16 --processes-per-node 2 \
         --alpha-intra 2e-6 --beta-intra 5e9 --alpha-inter 5e-6 --beta-inter 1.25e9
 
-    # the seed's CaffeNet weak scaling on TSUBAME-KFC/DL (figure 7: 192 GPUs, fp8 168x, float 114x)
+    # Oyama et al.'s CaffeNet weak scaling on TSUBAME-KFC/DL (figure 7: 192 GPUs, fp8 168x, float 114x)
     python scripts/perf_model.py seed --out docs/figures
 
     # figure 7 point by point (CaffeNet and GoogLeNet at 192 GPUs, float and fp8), with the
@@ -42,7 +42,7 @@ from comm import perf_model as pm  # noqa: E402
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MB = 1e6
 
-# TSUBAME-KFC/DL (seed 003, Table 2 and section 4.1) and what the model assumes beside it.
+# TSUBAME-KFC/DL (Oyama et al., Table 2 and section 4.1) and what the model assumes beside it.
 TSUBAME = {
     "gpus_per_node": 8,          # seed: 4 Tesla K80 per node, each 2 GK210 GPUs
     "beta_inter": 7e9,           # seed: 4X FDR InfiniBand, 7 GB/s
@@ -51,7 +51,7 @@ TSUBAME = {
     # assumed: two Xeon E5-2620 v2 with DDR3 (~60 GB/s per node); a shared-memory transfer is
     # two copies (4 memory touches per byte) and the node's 8 processes copy at once
     "beta_intra": 60e9 / (8 * 4),
-    # assumed from seed 000 (section 2.3.2: ~7 GB/s PCIe with more than 2 GPUs in a machine);
+    # assumed from Dettmers' paper (section 2.3.2: ~7 GB/s PCIe with more than 2 GPUs in a machine);
     # the two GPUs of a K80 share one x16 link
     "beta_host": 6e9,
     "gpu_peak_flops": 8.74e12 / 2,  # seed: 8.74 TFLOP/s per K80 board = 2 GPUs
@@ -71,7 +71,7 @@ FIG7 = {("caffenet", "fp32"): 114.0, ("caffenet", "fp8"): 168.0,
 FIG7_BATCH = {"caffenet": 256, "googlenet": 32}
 
 
-# --- the seed's CaffeNet ---------------------------------------------------------------------
+# --- Oyama et al.'s CaffeNet ---------------------------------------------------------------------
 def caffenet_shapes(path=None, crop=227):
     """({layer: [tensor sizes]}, {layer: forward MACs per sample}) of CaffeNet (or the net at
     ``path`` with ``crop`` x ``crop`` inputs), built at batch 1."""
@@ -87,7 +87,7 @@ def caffenet_shapes(path=None, crop=227):
 
 
 def codec_rates_from_fig3():
-    """Reduction-op rates (elements/s) of half and fp8 that reproduce the seed's figure 3 ratios
+    """Reduction-op rates (elements/s) of half and fp8 that reproduce Oyama et al.'s figure 3 ratios
     under the ring model, given FLOAT_SUM_RATE and the 7 GB/s link (1 process per node)."""
     n, nodes, beta = SEED_FIG3["elements"], SEED_FIG3["nodes"], TSUBAME["beta_inter"]
     frac = (nodes - 1) / nodes
@@ -227,7 +227,7 @@ def seed_validation(out_dir):
     lines = [f"CaffeNet: {sum(map(sum, (x.tensors for x in layers))) / 1e6:.2f} M parameters in "
              f"{sum(len(x.tensors) for x in layers)} tensors; predicted forward+backward at "
              f"batch 256 on one GK210: {t1 * 1e3:.0f} ms",
-             "reduction rates from seed figure 3 (elements/s): " + ", ".join(
+             "reduction rates from Oyama et al.'s figure 3 (elements/s): " + ", ".join(
                  f"{c} {codecs[c].reduce_rate / 1e9:.2f} G" for c in codecs)]
     rows = []
     procs = [1, 2, 4, 8, 16, 32, 64, 96, 128, 192]
@@ -546,7 +546,7 @@ def build_parser():
     p.add_argument("--convert-rate", type=float, default=pm.INF, help="encode+decode elements/s")
     p.add_argument("--update", type=float, default=0.0, help="update seconds per iteration")
     p.add_argument("--csv")
-    s = sub.add_parser("seed", help="CaffeNet on TSUBAME-KFC/DL vs the seed's published numbers")
+    s = sub.add_parser("seed", help="CaffeNet on TSUBAME-KFC/DL vs Oyama et al.'s published numbers")
     s.add_argument("--out", default="", help="folder for perf_model_seed.csv/.png")
     f7 = sub.add_parser("fig7", help="figure 7's four 192-GPU points, error per point")
     f7.add_argument("--out", default="", help="folder for perf_model_fig7_points.csv/.png")

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Per-iteration time breakdown (seed figures 5-6) from caffe8 timing logs.
+"""Per-iteration time breakdown (Oyama et al.'s figures 5-6) from caffe8 timing logs.
 
 Usage (from the repository root)::
 
@@ -13,7 +13,7 @@ those of its subfolders: a scaling sweep point run with ``--repeats``, iteration
 The first ``--skip`` iterations are warm-up and left out. ``--ranks 0`` keeps rank 0's records,
 ``--ranks mean`` averages each rank's mean over the ranks. The PNG stacks ForwardBackward / D2H /
 Communication / H2D / Quantile / Other per run (labels containing ``--hatch``, default "fp8", are
-hatched as in the seed, where filled bars are float and hatched ones fp8); the CSV holds the
+hatched as in Oyama et al., where filled bars are float and hatched ones fp8); the CSV holds the
 means in seconds.
 ``--per-layer LABEL`` instead draws that run's per-layer forward and backward bars and writes the
 per-layer means (every timed phase) to the CSV.

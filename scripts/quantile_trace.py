@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Per-tensor Q-quantile of |D| = |∇W / (|W| + ε)| during training (the seed's figure 12).
+"""Per-tensor Q-quantile of |D| = |∇W / (|W| + ε)| during training (Oyama et al.'s figure 12).
 
 Usage (from the repository root)::
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Weak scaling (seed figure 7): per-process batch fixed, P = 1, 2, 4, ... processes.
+"""Weak scaling (Oyama et al.'s figure 7): per-process batch fixed, P = 1, 2, 4, ... processes.
 
 Usage (from the repository root)::
 

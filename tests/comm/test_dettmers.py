@@ -8,7 +8,7 @@ from comm.dettmers import KINDS, DettmersCodec, Table, codebook
 
 
 def dynamic_tree_from_bits():
-    """Every 7-bit magnitude pattern decoded as the seed describes it: n leading zeros = 10**-n,
+    """Every 7-bit magnitude pattern decoded as the paper describes it: n leading zeros = 10**-n,
     a 1 flag, then 6 - n tree bits naming one of 2**(6-n) equal intervals of [0.1, 1] (value:
     its midpoint); 0000000 is zero. Plus the extra +1.0 code."""
     values = {0.0, 1.0}

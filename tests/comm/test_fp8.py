@@ -24,7 +24,7 @@ def ref_nearest(x):
 
 
 def ref_truncate(x):
-    """The seed's conversion computed with numpy: float -> float16 (nearest even), keep the upper
+    """Oyama et al.'s conversion computed with numpy: float -> float16 (nearest even), keep the upper
     byte; float16 overflow to inf (|x| >= 65520, or inf) saturates to the largest finite code."""
     with numpy.errstate(over="ignore"):
         hi = (numpy.asarray(x, numpy.float32).astype(numpy.float16).view(numpy.uint16) >> 8)

@@ -222,7 +222,7 @@ def test_environment_forces_a_path_and_ignores_an_unavailable_one():
     assert out.strip() == kernels.paths()[0] and "not available" in err
 
 
-# --- fused ratio kernels (the fp8 codec's relative encode/decode, SPEC §4) -----------------------
+# --- fused ratio kernels (the fp8 codec's relative encode/decode) -----------------------
 def ratio_case(n, seed):
     """(g, w) float32 with zeros, w = 0, subnormals, huge ratios (saturation), Inf and NaN."""
     rng = numpy.random.default_rng(seed)
@@ -246,7 +246,7 @@ def ref_ratio(g, w, eps, scale):
 
 
 def ref_encode(y, rounding):
-    """ml_dtypes float8_e5m2 of float32 y, saturating at ±57344 (nearest); the seed's truncate:
+    """ml_dtypes float8_e5m2 of float32 y, saturating at ±57344 (nearest); Oyama et al.'s truncate:
     half (nearest even), upper byte, Inf saturating."""
     with numpy.errstate(over="ignore", invalid="ignore"):
         if rounding == "nearest":

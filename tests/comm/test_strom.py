@@ -24,7 +24,7 @@ def test_size_limit():
 
 
 def reference_steps(grads, tau):
-    """The seed's pseudo code, one element at a time in float32; returns per-step (sent list of
+    """Strom's pseudo code, one element at a time in float32; returns per-step (sent list of
     (index, +-tau)) and the final residual."""
     tau = numpy.float32(tau)
     residual = [numpy.float32(0)] * grads[0].size

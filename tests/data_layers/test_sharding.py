@@ -1,4 +1,4 @@
-"""Sharding (SPEC §2.3) and agreement of the three data layers on the same records."""
+"""Sharding and agreement of the three data layers on the same records."""
 import numpy
 import pytest
 

@@ -1,7 +1,7 @@
 """The BVLC model files and our prototxt/ nets: parsing, Caffe's parameter counts, split names,
 outputs, full-size forward/backward on the CPU, and `caffe8 inspect`.
 
-Parameter counts are Caffe's published totals (caffe_semantics.md §2d), computed here from the
+Parameter counts are Caffe's published totals (BVLC's model files), computed here from the
 nets we build; data layers are swapped for Input layers of the same shapes at batch 1 or 2 (the
 counts do not depend on the batch)."""
 import glob
@@ -147,7 +147,7 @@ def test_our_nets_have_bvlc_parameter_counts(rel, sample, total, tensors, no_fil
     else:
         net = Net(with_inputs(os.path.join(OURS, rel), sample), phase="TRAIN")
     assert param_count(net) == total
-    assert len(net.learnable_params) == tensors   # SPEC: CaffeNet 16 tensors, GoogLeNet 128
+    assert len(net.learnable_params) == tensors   # CaffeNet 16 tensors, GoogLeNet 128
 
 
 @pytest.mark.parametrize("small, full", [

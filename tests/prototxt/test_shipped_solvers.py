@@ -1,4 +1,4 @@
-"""The shipped solvers carry the seed's schedules and name nets that build."""
+"""The shipped solvers carry Oyama et al.'s schedules and name nets that build."""
 import os
 
 import numpy

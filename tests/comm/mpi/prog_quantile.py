@@ -1,6 +1,6 @@
 """mpiexec -n P python prog_quantile.py
 
-Quantile scaling (SPEC §3.3): gradients of 1e6 (beyond fp8's 57344) and of 1e-9 (below its
+Quantile scaling: gradients of 1e6 (beyond fp8's 57344) and of 1e-9 (below its
 smallest subnormal) come back finite and close to the mean, where encoding them unscaled
 saturates or flushes to zero; every rank agrees on q even when each samples its own positions;
 q is refreshed only every quantile_interval iterations.
