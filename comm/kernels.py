@@ -30,23 +30,19 @@ scaling with the conversion (one pass each way, no float32 temporaries): each st
 float32 operation in NumPy's order, so their bits equal the NumPy sequence they replace.
 """
 import ctypes
-import glob
-import hashlib
 import os
-import subprocess
 import sys
-import sysconfig
-import tempfile
 import warnings
 
 import numpy
+
+from engine.native import compile_cached, load_library
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _SOURCE = os.path.join(_HERE, "csrc", "kernels.c")
 _ABI_VERSION = 3                       # must equal C8_ABI_VERSION in kernels.c
 _PATH_BITS = (("avx512", 4), ("avx2", 2), ("portable", 1))
-_CFLAGS = ["-O3", "-std=c99", "-fno-trapping-math", "-ffp-contract=off", "-fPIC",
-           "-shared"]                                                  # as in setup.py
+_CFLAGS = ["-O3", "-std=c99", "-fno-trapping-math", "-ffp-contract=off"]   # as in setup.py
 
 FP8_MAX = 57344.0      # largest finite E5M2 value: saturation target and the codec's scale
 MAX_CODE = 0x7B
@@ -60,104 +56,21 @@ _current = None
 
 
 # --- finding or building the library ------------------------------------------------------------
-def _cache_dir():
-    base = os.environ.get("CAFFE8_CACHE_DIR")
-    if not base:
-        xdg = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-        base = os.path.join(xdg, "caffe8")
-    return base
-
-
-def _source_tag():
-    with open(_SOURCE, "rb") as f:
-        digest = hashlib.sha256(f.read() + " ".join(_CFLAGS).encode()).hexdigest()[:16]
-    return f"{sysconfig.get_platform()}-{digest}"
-
-
-def _load(path):
-    """CDLL of ``path`` when it is our library with the expected ABI, else None."""
-    try:
-        lib = ctypes.CDLL(path)
-        lib.c8_abi_version.restype = ctypes.c_int
-        if lib.c8_abi_version() == _ABI_VERSION:
-            return lib
-    except (OSError, AttributeError):
-        pass
-    return None
-
-
 def _compile_into_cache():
-    """Path of the cached build of kernels.c, compiling it once if needed; None on failure."""
-    if not os.path.exists(_SOURCE):
-        return None
-    cache = _cache_dir()
-    target = os.path.join(cache, f"_kernels-{_source_tag()}.so")
-    if os.path.exists(target):
-        return target
-    os.makedirs(cache, exist_ok=True)
-    with _FileLock(target + ".lock"):
-        if os.path.exists(target):                    # another rank built it while we waited
-            return target
-        fd, tmp = tempfile.mkstemp(suffix=".so", dir=cache)
-        os.close(fd)
-        cc = os.environ.get("CC", "cc")
-        try:
-            subprocess.run([cc, *_CFLAGS, _SOURCE, "-o", tmp], check=True,
-                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=120)
-            os.replace(tmp, target)                   # atomic: readers see all or nothing
-        except (OSError, subprocess.SubprocessError) as err:
-            detail = getattr(err, "stderr", b"") or b""
-            warnings.warn(f"comm.kernels: could not compile {_SOURCE} with {cc!r}: {err} "
-                          f"{detail.decode(errors='replace')[:500]}", RuntimeWarning)
-            return None
-        finally:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-    return target
-
-
-class _FileLock:
-    """Exclusive advisory lock on a file (fcntl); a no-op where fcntl does not exist."""
-
-    def __init__(self, path):
-        self.path = path
-        self.fd = None
-
-    def __enter__(self):
-        try:
-            import fcntl
-        except ImportError:
-            return self
-        self.fd = os.open(self.path, os.O_CREAT | os.O_RDWR, 0o644)
-        fcntl.flock(self.fd, fcntl.LOCK_EX)
-        return self
-
-    def __exit__(self, *exc):
-        if self.fd is not None:
-            os.close(self.fd)                         # closing releases the lock
+    """Path of the per-user cached build of kernels.c, compiled once (``engine.native``)."""
+    return compile_cached(_SOURCE, "_kernels", _CFLAGS, [])
 
 
 def _find_library():
-    """(CDLL, file) of the best library available, or (None, None)."""
-    packaged = sorted(glob.glob(os.path.join(_HERE, "_kernels*.so"))
-                      + glob.glob(os.path.join(_HERE, "_kernels*.dylib")))
-    # A packaged build older than the source (an in-place build, then kernels.c edited) is
-    # stale: prefer a fresh cache build, and use the old one only if that fails.
-    fresh = [p for p in packaged if not _older_than_source(p)]
-    candidates = (path for group in (fresh, [_compile_into_cache], packaged) for path in group)
-    for path in candidates:
-        path = path() if callable(path) else path          # compile only when reached
-        lib = _load(path) if path else None
-        if lib is not None:
-            return lib, path
-    return None, None
-
-
-def _older_than_source(path):
-    try:
-        return os.path.getmtime(path) < os.path.getmtime(_SOURCE)
-    except OSError:
-        return False
+    """(CDLL, file) of the best library available (``engine.native.load_library``: a packaged
+    build, else a cached one compiled on first use), or (None, None) with a warning."""
+    lib, where = load_library(_SOURCE, "_kernels", "c8_abi_version", _ABI_VERSION,
+                              [(_CFLAGS, [])])
+    if lib is None:
+        warnings.warn(f"comm.kernels: could not build or load {_SOURCE}: {where}",
+                      RuntimeWarning)
+        return None, None
+    return lib, where
 
 
 def _declare(lib):

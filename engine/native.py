@@ -38,7 +38,7 @@ def _abi_ok(path, abi_symbol, abi_version):
         return None
 
 
-def _compile(source, stem, cflags, ldflags):
+def compile_cached(source, stem, cflags, ldflags):
     """Path of the cached build of ``source`` (compiled once); raises OSError/SubprocessError."""
     with open(source, "rb") as f:
         digest = hashlib.sha256(f.read() + " ".join(cflags + ldflags).encode()).hexdigest()[:16]
@@ -104,7 +104,7 @@ def load_library(source, stem, abi_symbol, abi_version, flag_sets):
     if os.path.exists(source):
         for cflags, ldflags in flag_sets:
             try:
-                path = _compile(source, stem, list(cflags), list(ldflags))
+                path = compile_cached(source, stem, list(cflags), list(ldflags))
             except (OSError, subprocess.SubprocessError) as err:
                 detail = getattr(err, "stderr", b"") or b""
                 reasons.append(f"{err} {detail.decode(errors='replace')[:300]}")

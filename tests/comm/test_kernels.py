@@ -14,6 +14,7 @@ import numpy
 import pytest
 
 from comm import kernels
+from engine.native import cache_dir
 
 E5M2 = ml_dtypes.float8_e5m2
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -191,7 +192,7 @@ def test_without_compiler_falls_back_to_numpy_with_one_warning(tmp_path):
             "kernels.fp8_sum(numpy.full(3, 0x3C, numpy.uint8), d); print(d.tolist())")
     env = {"CAFFE8_CACHE_DIR": str(tmp_path), "CC": "/nonexistent/cc"}
     out, err = run_python(code, env).communicate(timeout=120)
-    if kernels.library_file() and not kernels.library_file().startswith(kernels._cache_dir()):
+    if kernels.library_file() and not kernels.library_file().startswith(cache_dir()):
         pytest.skip("a library is installed next to the package; the fallback is not reachable")
     lines = out.strip().splitlines()
     assert lines[0] == "None ['numpy'] 2", (out, err)          # compile failure + fallback
