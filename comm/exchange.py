@@ -41,7 +41,7 @@ import numpy
 from engine import backend
 from engine.callbacks import SolverCallback
 from engine.errors import CaffeError
-from engine.timing import PHASES, ExchangeTimes
+from engine.timing import PHASES, Clock, ExchangeTimes
 from comm.allreduce import BLOCKING, create_transport, max_over
 from comm.codecs import Tensor, create_codec
 from comm.config import transport_name
@@ -59,26 +59,6 @@ def build_schedule(layer_param_slices):
     for i, sl in owner.values():
         schedule.setdefault(i, []).append(sl)
     return schedule
-
-
-class _Clock:
-    """Marks on a stream that can be differenced: CUDA events on the GPU, host seconds else."""
-
-    def __init__(self, gpu):
-        self.gpu = gpu
-
-    def mark(self, stream=None):
-        if self.gpu:
-            ev = backend.cupy.cuda.Event()
-            ev.record(stream)
-            return ev
-        return time.perf_counter()
-
-    def seconds(self, a, b):
-        if self.gpu:
-            b.synchronize()
-            return backend.cupy.cuda.get_elapsed_time(a, b) / 1000.0
-        return b - a
 
 
 class _Trip:
@@ -126,7 +106,7 @@ class Exchange(SolverCallback):
         self.fp32 = create_codec("fp32", comm, world.rank)
         self.schedule = build_schedule(net.layer_param_slices)
         self.gpu = backend.get_array_module(net.flat_diff) is not numpy
-        self.clock = _Clock(self.gpu)
+        self.clock = Clock(self.gpu)
         waiter = watchdog or BLOCKING
         self._transport_of = {c.name: transport_name(comm, c) for c in (self.codec, self.fp32)}
         # Creating the hierarchical sum's communicators is collective: here, in the same order

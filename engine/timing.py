@@ -32,16 +32,17 @@ class ExchangeTimes:
     quantile_pass: float = 0.0
 
 
-class _Clock:
-    """Marks that can be differenced: CUDA events on the GPU, host seconds on the CPU."""
+class Clock:
+    """Marks that can be differenced: CUDA events on the GPU (recorded on ``stream``, default the
+    current one), host seconds on the CPU. ``gpu``: default, whether the backend runs on CuPy."""
 
-    def __init__(self):
-        self.gpu = backend.on_gpu()
+    def __init__(self, gpu=None):
+        self.gpu = backend.on_gpu() if gpu is None else gpu
 
-    def mark(self):
+    def mark(self, stream=None):
         if self.gpu:
             ev = backend.cupy.cuda.Event()
-            ev.record()
+            ev.record(stream)
             return ev
         return time.perf_counter()
 
@@ -72,7 +73,7 @@ class TimingLog:
         """Hook into the trainer's train net (and its exchange, when there is one)."""
         self.net = trainer.net
         self.exchange = trainer.exchange
-        self.clock = _Clock()
+        self.clock = Clock()
         self.net.add_forward_hook(lambda i, layer: self.marks.append(("f", i, self.clock.mark())))
         self.net.add_backward_hook(lambda i, layer: self.marks.append(("b", i, self.clock.mark())))
         trainer.timing = self
