@@ -8,17 +8,21 @@ For one tensor g on P ranks:
 3. the scale is 2**k with k the LARGEST integer such that P * 2**(E+1) * 2**k <= U, U = the
    format's largest finite value (the APS paper's relaxed no-overflow condition, Eq. 2-4): the sum of
    the P scaled values can then never exceed U. A power of two is exact to apply and undo, so
-   scaling adds no rounding of its own (seed §3.3.1);
+   scaling adds no rounding of its own;
 4. every rank sends its g * 2**k rounded to nearest even in the format (comm.formats.FloatFormat:
    E5M2, E4M3, E3M0, ... any ``FloatFormat``). Rounding cannot push an element past
    2**(E+1+k) (a power of two, hence representable), so the bound of step 3 survives rounding;
-5. the sum over ranks is an explicit reduce in rank order 0..P-1 over the decoded float32 values
-   (allgather of the codes, then a local sum), plain or Kahan-compensated (``kahan=True``), so
-   every rank gets the same bits; then * 2**-k / P.
+5. every rank gathers every rank's codes and sums them in rank order 0..P-1 *in the small
+   format*, as the paper's emulator (CPD, "Customized-Precision Deep Learning") does with a
+   low-precision accumulator: see :func:`small_format_sum`; then * 2**-k / P in float32.
+   All ranks run the same additions on the same codes, so they get the same bits.
 
-Hybrid precision (seed §4): ``fp32_iters`` = K sends float32 for iterations < K, and
-``fp32_layers`` names tensors (e.g. the last layer) that always go as float32; both are codec
-parameters, checked by ``full_precision(iteration, name)``.
+Hybrid precision (the paper's "last layer in FP32" and "FP32 for the first epochs"):
+``fp32_layers`` = N sends the last N parameter tensors of the net (in the net's parameter
+order: the classification layer's weight and bias are the last 2) as float32 every iteration,
+and ``fp32_iters`` = K sends every tensor as float32 for iterations < K. Those tensors are
+summed in rank order in float32 (the paper's FP32 baseline has no low-precision accumulator),
+then divided by P; ``kahan`` does not apply to them.
 
 Formats of 4 bits or fewer (E3M0, E2M1) go two codes to a byte (``pack_nibbles``); wider ones
 up to 8 bits one per byte, up to 16 bits as uint16.
@@ -71,28 +75,59 @@ def unpack_nibbles(packed, n):
     return codes[:n]
 
 
-def plain_sum(rows, xp):
-    """Sum of the float32 arrays ``rows`` in their order (float32 adds)."""
+def float32_sum(rows, xp):
+    """Sum of the float32 arrays ``rows`` in their order (float32 adds): hybrid-precision tensors."""
     total = xp.zeros_like(rows[0], dtype=xp.float32)
     for r in rows:
         total += r
     return total
 
 
-def kahan_sum(rows, xp):
-    """Kahan-compensated float32 sum of ``rows`` in their order, elementwise.
+def small_format_sum(rows, fmt, kahan=False):
+    """Elementwise sum of ``rows`` (arrays of values representable in ``fmt``) in list order, the
+    running sum rounded back to ``fmt`` after every addition; a float32 array of ``fmt`` values.
 
-    Each step is a separate float32 array operation (no fused multiply-add, no wider
-    intermediate), so the compensation is what it is on paper on NumPy and CuPy alike.
+    What is emulated: an adder whose inputs and output are ``fmt`` numbers. Each addition
+    (and, with ``kahan``, each subtraction) is done exactly and then rounded once to ``fmt`` with
+    :meth:`FloatFormat.encode` (nearest, ties to even, subnormals and the format's overflow
+    behaviour included: the shared formats saturate to +-max, NaN stays NaN). The exact
+    result is the float64 result for every shared format (a span of at most 2**-24 .. 2**16 needs
+    fewer than 53 bits); where float64 would round, the smaller addend is below 2**-52 of the larger,
+    far under half an ulp of any format of at most 14 mantissa bits, so the one rounding to
+    ``fmt`` is unchanged.
+
+    Plain: ``s = fl(s + x)`` for x in rows, s starting at 0.
+    ``kahan``: Kahan's compensated summation with the compensation ``c`` kept in ``fmt`` as
+    well, every operation rounded to ``fmt``::
+
+        y = fl(x - c);  t = fl(s + y);  c = fl(fl(t - s) - y);  s = t
+
+    The paper says only that its emulator offers Kahan summation with an arbitrary low-precision
+    accumulator, not in which precision the compensation lives; we keep it in the small format,
+    since a float32 compensation would be a float32 accumulator in disguise, and a small-format
+    adder is all the emulated hardware has. Consequences a reader should expect: ``c`` can
+    underflow to 0 (below the format's smallest subnormal), the compensation still unapplied
+    after the last addend is dropped, and ``y`` itself is rounded, so Kahan reduces the error but
+    does not make the sum exact.
     """
-    total = xp.zeros_like(rows[0], dtype=xp.float32)
-    comp = xp.zeros_like(total)
-    for r in rows:
-        y = r - comp
-        t = total + y
-        comp = (t - total) - y      # what t lost of y: subtracted from the next addend
-        total = t
-    return total
+    xp = backend.get_array_module(rows[0])
+
+    def fl(v):
+        return fmt.decode(fmt.encode(v)).astype(xp.float64)
+
+    s = xp.zeros(rows[0].shape, xp.float64)
+    c = xp.zeros_like(s)
+    with numpy.errstate(invalid="ignore", over="ignore"):     # inf - inf: NaN, as in hardware
+        for x in rows:
+            x = xp.asarray(x, xp.float64)
+            if not kahan:
+                s = fl(s + x)
+                continue
+            y = fl(x - c)
+            t = fl(s + y)
+            c = fl(fl(t - s) - y)
+            s = t
+    return s.astype(xp.float32)
 
 
 class APSCodec:
@@ -106,6 +141,9 @@ class APSCodec:
     scale must allow for. ``decompress(payload, ctx)`` → the float values g * 2**k / 2**k (not yet
     divided by P). The exchange's codec (comm/codecs.py) agrees on E and sums the gathered
     ``values`` of every rank in rank order with :meth:`sum`.
+
+    ``fp32_layers`` here is a set of tensor names (the exchange's codec maps its count of last
+    tensors onto tensor keys); ``fp32_iters`` as in the module docstring.
     """
 
     def __init__(self, fmt, kahan=False, fp32_iters=0, fp32_layers=()):
@@ -147,6 +185,10 @@ class APSCodec:
         xp = backend.get_array_module(values)
         return values if k is None else xp.ldexp(values, -k)
 
-    def sum(self, rows, xp):
-        """The float32 sum of ``rows`` in their order, Kahan-compensated when configured."""
-        return (kahan_sum if self.kahan else plain_sum)(rows, xp)
+    def sum(self, rows, k):
+        """The rank-order sum of the wire values ``rows`` (scale 2**k): in the small format
+        (:func:`small_format_sum`, Kahan-compensated when configured), or in float32 for a
+        hybrid-precision tensor (``k`` None)."""
+        if k is None:
+            return float32_sum(rows, backend.get_array_module(rows[0]))
+        return small_format_sum(rows, self.fmt, self.kahan)

@@ -88,6 +88,9 @@ class Codec:
     def restore(self, state):
         pass
 
+    def bind(self, keys):
+        """The keys of every tensor the exchange will send (codecs that treat some differently)."""
+
 
 def _xp(a):
     return backend.get_array_module(a)
@@ -231,13 +234,24 @@ class Fp8Codec(Codec):
 class ApsCodec(Codec):
     """Auto Precision Scaling (comm/aps.py): the ranks agree on the largest exponent, each sends
     its tensor scaled by the same power of two in a small float (``aps_format``), and every rank
-    sums the gathered values in rank order (``kahan``: compensated)."""
+    sums the gathered values in rank order in that small format, rounding after every addition
+    (``kahan``: compensated, the compensation in the small format too).
+
+    Hybrid precision: ``fp32_iters`` = K sends float32 for iterations < K; ``fp32_layers`` = N
+    sends the last N parameter tensors (the largest offsets in the net's parameter buffer, i.e.
+    the net's parameter order) as float32 always. The exchange tells the codec every tensor's
+    key with :meth:`bind`."""
     reduction = "gather"
 
     def __init__(self, comm, rank=0):
         super().__init__(comm, rank)
-        self.impl = APSCodec(comm.aps_format, comm.kahan)
+        self.fp32_layers = comm.fp32_layers
+        self.impl = APSCodec(comm.aps_format, comm.kahan, fp32_iters=comm.fp32_iters)
         self.exponents = {}
+
+    def bind(self, keys):
+        self.impl.fp32_layers = frozenset(sorted(keys)[max(0, len(keys) - self.fp32_layers):]
+                                          if self.fp32_layers else ())
 
     def local_stat(self, grad, t):
         return float(local_exponent(grad))
@@ -247,14 +261,13 @@ class ApsCodec(Codec):
 
     def encode(self, grad, t):
         payload, (k, _, _) = self.impl.compress(grad, self.exponents.get(t.key, NO_EXPONENT),
-                                                t.processes)
+                                                t.processes, iteration=t.iteration, name=t.key)
         return payload, (k, grad.size, t.processes)
 
     def decode(self, rows, ctx, out):
         k, n, processes = ctx
-        xp = _xp(out)
         values = [self.impl.values(row, k, n) for row in rows]          # rank order
-        total = self.impl.sum(values, xp)
+        total = self.impl.sum(values, k)
         out[...] = (self.impl.unscale(total, k) / numpy.float32(processes)).reshape(out.shape)
 
 

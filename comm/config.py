@@ -37,7 +37,8 @@ def validate_comm(comm, world_size):
     if not 0.0 < comm.quantile <= 1.0:
         _fail(comm, "quantile", f"must be in (0, 1], got {comm.quantile:g}")
     for field, low in (("samples", 1), ("quantile_interval", 1), ("warmup_fp32_iters", 0),
-                       ("consistency_check_interval", 0), ("max_consecutive_skips", 0)):
+                       ("consistency_check_interval", 0), ("max_consecutive_skips", 0),
+                       ("fp32_layers", 0), ("fp32_iters", 0)):
         if getattr(comm, field) < low:
             _fail(comm, field, f"must be >= {low}, got {getattr(comm, field)}")
     if not comm.epsilon >= 0.0:

@@ -105,6 +105,7 @@ class Exchange(SolverCallback):
         self.codec = create_codec(comm.codec, comm, world.rank)
         self.fp32 = create_codec("fp32", comm, world.rank)
         self.schedule = build_schedule(net.layer_param_slices)
+        self.codec.bind([(sl.start, sl.stop) for sls in self.schedule.values() for sl in sls])
         self.gpu = backend.get_array_module(net.flat_diff) is not numpy
         self.clock = Clock(self.gpu)
         waiter = watchdog or BLOCKING

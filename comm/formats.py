@@ -6,7 +6,8 @@ and the subnormals, the others hold normal numbers ``(1 + m / 2**man_bits) * 2**
 What the top exponent field means is the format's *special* style:
 
 - ``"ieee"`` — the top exponent field is infinity (mantissa 0) and NaN (otherwise), as in IEEE
-  half and in float8_e5m2. Used for E5M2 (Oyama et al.'s fp8: the upper byte of a half) and E3M0.
+  half and in float8_e5m2. Used for E5M2 (Oyama et al.'s fp8: the upper byte of a half), E3M0
+  and E4M3_APS (the APS paper's E4M3, max 240).
 - ``"fn"`` — finite only (OCP FP8 E4M3, ml_dtypes ``float8_e4m3fn``): only the all-ones
   exponent-and-mantissa code is NaN, the rest of the top binade holds normal numbers, so E4M3
   reaches 448 = 1.75 * 2**8 rather than 240.
@@ -176,12 +177,15 @@ class FloatFormat:
 
 FP8_E5M2 = FloatFormat(5, 2, name="E5M2")          # Oyama et al.'s fp8: max 57344, min 2**-16
 E4M3 = FloatFormat(4, 3, special="fn", name="E4M3")  # OCP FP8 E4M3 ("fn"): max 448, min 2**-9
+# The APS paper's (4, 3) format: its emulator keeps IEEE's top exponent for Inf/NaN, so the
+# largest finite value is 1.875 * 2**7 = 240 (ml_dtypes float8_e4m3), not OCP's 448.
+E4M3_APS = FloatFormat(4, 3, special="ieee", name="E4M3_APS")
 E3M0 = FloatFormat(3, 0, name="E3M0")              # the APS paper's 4-bit float: 0.25 .. 8, no subnormal
 E3M4 = FloatFormat(3, 4, name="E3M4")              # ml_dtypes float8_e3m4 layout: max 15.5
 E2M1 = FloatFormat(2, 1, special="none", name="E2M1")  # OCP FP4: all codes finite, max 6
 FP16 = FloatFormat(5, 10, name="FP16")             # IEEE half, for checks against numpy.float16
 
-FORMATS = {f.name: f for f in (FP8_E5M2, E4M3, E3M0, E3M4, E2M1, FP16)}
+FORMATS = {f.name: f for f in (FP8_E5M2, E4M3, E4M3_APS, E3M0, E3M4, E2M1, FP16)}
 
 
 def get_format(name):

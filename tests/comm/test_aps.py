@@ -1,4 +1,6 @@
-"""Auto Precision Scaling (comm/aps.py) against closed forms, ml_dtypes and float64 sums."""
+"""Auto Precision Scaling (comm/aps.py) against closed forms, ml_dtypes and an independent
+per-addition simulation of the small-format sum (exact rationals, rounded by a table search)."""
+import bisect
 import math
 from fractions import Fraction
 
@@ -6,8 +8,10 @@ import ml_dtypes
 import numpy
 import pytest
 
-from comm.aps import (NO_EXPONENT, APSCodec, kahan_sum, local_exponent, pack_nibbles,
-                      plain_sum, scale_exponent, unpack_nibbles)
+from comm.aps import (NO_EXPONENT, APSCodec, local_exponent, pack_nibbles, scale_exponent,
+                      small_format_sum, unpack_nibbles)
+from comm.codecs import Tensor, create_codec
+from comm.config import parse_comm
 from comm.formats import get_format
 
 FORMATS = ("E5M2", "E4M3", "E3M0")
@@ -111,34 +115,6 @@ def test_e3m0_round_trip_packed_equals_table_nearest():
     numpy.testing.assert_array_equal(got, want)
 
 
-def test_kahan_beats_plain_float32_on_adversarial_sum():
-    # one large addend then many that are each a quarter ulp of it: plain float32 drops them all
-    rows = [numpy.full(4, 2.0 ** 14, numpy.float32)]
-    rows += [numpy.full(4, 2.0 ** -11, numpy.float32)] * 999
-    exact = 2.0 ** 14 + 999 * 2.0 ** -11
-    plain = plain_sum(rows, numpy)
-    kahan = kahan_sum(rows, numpy)
-    assert plain.dtype == kahan.dtype == numpy.float32
-    assert numpy.all(plain == 2.0 ** 14)
-    assert numpy.all(numpy.abs(kahan - exact) <= 2.0 ** -10)            # half an ulp
-    assert numpy.all(kahan == numpy.float32(exact))
-
-
-def test_kahan_on_random_decoded_contributions():
-    """64 same-sign E5M2 contributions over 28 binades: Kahan stays within one float32 ulp of
-    the float64 sum (its bound is 2u|S| for same-sign addends), plain summation does not."""
-    rng = numpy.random.default_rng(5)
-    fmt = get_format("E5M2")
-    rows = [fmt.decode(fmt.encode(numpy.abs(rng.standard_normal(2000))
-                                  * 2.0 ** rng.integers(-16, 12, 2000))) for _ in range(64)]
-    exact = numpy.sum(numpy.array(rows, numpy.float64), axis=0)
-    ulp = numpy.spacing(exact.astype(numpy.float32)).astype(numpy.float64)
-    err_plain = numpy.abs(plain_sum(rows, numpy) - exact) / ulp
-    err_kahan = numpy.abs(kahan_sum(rows, numpy) - exact) / ulp
-    assert err_kahan.max() <= 1.0 and err_plain.max() > 2.0
-    assert err_kahan.mean() < err_plain.mean() / 2
-
-
 def test_hybrid_precision():
     x = numpy.random.default_rng(6).standard_normal((5, 8)).astype(numpy.float32)
     codec = APSCodec("E3M0", fp32_iters=10, fp32_layers=("fc8",))
@@ -155,3 +131,166 @@ def test_hybrid_precision():
 def test_unknown_format():
     with pytest.raises(ValueError, match="E5M2"):
         APSCodec("E9M9")
+
+
+# --- the small-format sum, against a reference that shares no code with comm/ ------------------
+
+ML = {"E5M2": ml_dtypes.float8_e5m2, "E4M3": ml_dtypes.float8_e4m3fn,
+      "E4M3_APS": ml_dtypes.float8_e4m3, "E3M4": ml_dtypes.float8_e3m4}
+
+
+class Rounder:
+    """Round an exact rational to nearest, ties to the even code, saturating at +-max: the
+    format's finite values come from ml_dtypes' bit patterns, the choice from a table search."""
+
+    def __init__(self, dtype):
+        codes = numpy.arange(128, dtype=numpy.uint8)
+        values = codes.view(dtype).astype(numpy.float64)
+        keep = numpy.isfinite(values)
+        pairs = sorted(zip(values[keep].tolist(), codes[keep].tolist()))
+        self.values = [Fraction(v) for v, _ in pairs]
+        self.codes = [c for _, c in pairs]
+        self.max = self.values[-1]
+
+    def __call__(self, v):
+        a = abs(v)
+        if a >= self.max:
+            r = self.max
+        else:
+            i = bisect.bisect_left(self.values, a)
+            if self.values[i] == a:
+                r = a
+            else:
+                lo, hi = self.values[i - 1], self.values[i]
+                if a - lo != hi - a:
+                    r = lo if a - lo < hi - a else hi
+                else:
+                    r = lo if self.codes[i - 1] % 2 == 0 else hi
+        return -r if v < 0 else r
+
+
+def simulate(columns, rounder, kahan):
+    """Per element: the contributions in order, one rounded addition at a time (Kahan: y, t
+    and the compensation rounded too), on exact rationals."""
+    out = []
+    for xs in columns:
+        s, c = Fraction(0), Fraction(0)
+        for x in map(Fraction, xs):
+            if kahan:
+                y = rounder(x - c)
+                t = rounder(s + y)
+                c = rounder(rounder(t - s) - y)
+                s = t
+            else:
+                s = rounder(s + x)
+        out.append(s)
+    return out
+
+
+def test_e4m3_aps_is_the_ieee_style_e4m3():
+    fmt = get_format("E4M3_APS")
+    assert fmt.max == 240.0 == float(ml_dtypes.finfo(ml_dtypes.float8_e4m3).max)
+    codes = numpy.arange(256, dtype=numpy.uint8)
+    numpy.testing.assert_array_equal(fmt.decode(codes),
+                                     codes.view(ml_dtypes.float8_e4m3).astype(numpy.float32))
+    # the ranks' scale leaves room for P contributions below 240, not 448
+    assert scale_exponent(0, fmt, 4) == brute_force_k(0, 240.0, 4) == 4
+
+
+def one_plus_eighths():
+    """P = 8 contributions per element. Element 0: 1.0 then seven 0.125s; E5M2 has an ulp of
+    0.25 on [1, 2), so every 1 + 0.125 is a tie that rounds back to the even 1.0."""
+    cols = [[1.0] + [0.125] * 7, [0.125] * 8, [-1.0] + [0.125] * 7, [3.0, 0.5, -0.25, 0.75] * 2]
+    return numpy.array(cols, numpy.float32).T.copy()          # rows = ranks
+
+
+@pytest.mark.parametrize("kahan", [False, True])
+def test_small_format_sum_equals_the_per_addition_simulation(kahan):
+    rows = one_plus_eighths()
+    got = small_format_sum(list(rows), get_format("E5M2"), kahan)
+    want = simulate(rows.T.tolist(), Rounder(ml_dtypes.float8_e5m2), kahan)
+    assert got.dtype == numpy.float32
+    assert got.tolist() == [float(w) for w in want]
+
+
+def test_rounding_in_the_sum_and_what_kahan_recovers():
+    """Hand-derived: 1 + 7 * 0.125 = 1.875 exactly (and in float32). Plain E5M2 sum: each tie
+    rounds to 1.0, error 0.875. Kahan: the lost 0.125 comes back as y = 0.25 on the next
+    step, giving 1.25, 1.5, 1.5, 1.75, then 1.75 + 0.125 ties up to the even 2.0, error 0.125."""
+    rows = one_plus_eighths()
+    fmt = get_format("E5M2")
+    plain = small_format_sum(list(rows), fmt)
+    kahan = small_format_sum(list(rows), fmt, kahan=True)
+    exact = rows.astype(numpy.float64).sum(axis=0)
+    assert exact[0] == rows.sum(axis=0, dtype=numpy.float32)[0] == 1.875
+    assert plain[0] == 1.0 and kahan[0] == 2.0
+    assert abs(plain[0] - exact[0]) == 0.875 and abs(kahan[0] - exact[0]) == 0.125
+    assert plain[1] == kahan[1] == 1.0          # 0.125 steps: every partial sum representable
+
+
+def simulated_exchange(codec_text, grads, iteration=0, key=(0, 1), keys=None):
+    """P ranks in one process: agree on E, encode each rank, decode the rank-order rows."""
+    codec = create_codec("aps", parse_comm(codec_text))
+    codec.bind(keys or [key])
+    processes = len(grads)
+    ts = [Tensor(key, numpy.ones_like(g), iteration, processes, (1, 1)) for g in grads]
+    codec.agree(ts[0], max(codec.local_stat(g, t) for g, t in zip(grads, ts)))
+    payloads = [codec.encode(g, t) for g, t in zip(grads, ts)]
+    out = numpy.empty_like(grads[0])
+    codec.decode([p for p, _ in payloads], payloads[0][1], out)
+    return out
+
+
+@pytest.mark.parametrize("kahan", [False, True])
+def test_codec_mean_equals_scaled_simulation_on_the_constructed_case(kahan):
+    rows = one_plus_eighths() * numpy.float32(2.0 ** -7)         # any power of two: same rounding
+    got = simulated_exchange(f"aps_format: 'E5M2' kahan: {str(kahan).lower()}", list(rows))
+    k = brute_force_k(local_exponent(rows), 57344.0, 8)
+    assert k == 17          # max |g| = 3 * 2**-7: E = -6, and 8 * 2**(E + 1 + k) <= 57344
+    scaled = [[numpy.ldexp(float(v), k) for v in col] for col in rows.T]
+    sums = simulate(scaled, Rounder(ml_dtypes.float8_e5m2), kahan)
+    want = numpy.array([float(s) * 2.0 ** -k for s in sums], numpy.float32) / numpy.float32(8)
+    numpy.testing.assert_array_equal(got, want)
+    float32_mean = rows.sum(axis=0, dtype=numpy.float32) / numpy.float32(8)
+    assert got[0] == (2.0 if kahan else 1.0) * 2.0 ** -10 != float32_mean[0]
+
+
+@pytest.mark.parametrize("name", ["E5M2", "E4M3_APS", "E4M3"])
+def test_random_case_simulation_and_kahan_error(name):
+    """16 ranks of gradients over several binades: the codec equals the simulation with and
+    without Kahan, and Kahan's error against the exact sum of the wire values is smaller."""
+    rng = numpy.random.default_rng(11)
+    processes, n = 16, 48
+    grads = [(rng.standard_normal(n) * 2.0 ** rng.integers(-4, 1)).astype(numpy.float32)
+             for _ in range(processes)]
+    k = brute_force_k(max(local_exponent(g) for g in grads), get_format(name).max, processes)
+    rounder = Rounder(ML[name])
+    wire = [[rounder(Fraction(numpy.ldexp(float(g[j]), k))) for g in grads] for j in range(n)]
+    exact = numpy.array([float(sum(col)) for col in wire])
+    errors = {}
+    for kahan in (False, True):
+        got = simulated_exchange(f"aps_format: '{name}' kahan: {str(kahan).lower()}", grads)
+        sums = simulate(wire, rounder, kahan)
+        want = numpy.array([float(s) * 2.0 ** -k for s in sums], numpy.float32)
+        numpy.testing.assert_array_equal(got, want / numpy.float32(processes))
+        errors[kahan] = numpy.abs(numpy.array([float(s) for s in sums]) - exact).sum() \
+            / numpy.abs(exact).sum()
+    assert errors[True] < errors[False] / 2, errors
+
+
+def test_hybrid_precision_in_the_codec_is_the_float32_mean():
+    """fp32_iters and fp32_layers: float32 payloads, summed in rank order, / P; values chosen
+    so the float32 mean is exact: (1 + 2 + 3 + 4) / 4 * g = 2.5 g."""
+    g = (numpy.arange(-12, 12, dtype=numpy.float32) / 8).reshape(4, 6)
+    grads = [g * numpy.float32(r + 1) for r in range(4)]
+    closed = g * numpy.float32(2.5)
+    keys = [(0, 24), (24, 48), (48, 72)]
+    text = "aps_format: 'E3M0' fp32_iters: 3 fp32_layers: 2"
+    for key in keys:                        # the first 3 iterations: every tensor
+        numpy.testing.assert_array_equal(simulated_exchange(text, grads, 2, key, keys), closed)
+    for key in keys[1:]:                    # the last 2 tensors: always
+        numpy.testing.assert_array_equal(simulated_exchange(text, grads, 3, key, keys), closed)
+    low = simulated_exchange(text, grads, 3, keys[0], keys)
+    assert not numpy.array_equal(low, closed)
+    codec = create_codec("aps", parse_comm())
+    assert codec.impl.fp32_iters == 0 and codec.fp32_layers == 0     # the schema's defaults
