@@ -3,8 +3,8 @@
 Every rank draws its gradients from a seed that depends on its rank, runs the exchange with the
 codec for a few iterations, and checks (1) all ranks hold the same bytes and (2) they equal a
 reference that this rank computes alone by simulating every rank with the codec's pure pieces
-(comm/aps.py, dettmers.py, strom.py: compress/decompress per simulated rank, float64 sums for
-bounds, rank-order float32 sums for exactness). A failed check aborts the whole job.
+(comm/aps.py, dettmers.py, strom.py: compress/decompress per simulated rank; rank-order float32
+sums, or for APS the rank-order small-format sum of rankutil). A failed check aborts the job.
 """
 import sys
 from types import SimpleNamespace
@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import numpy
 
 from fakenet import iterate
-from rankutil import ranks_agree, start, done
+from rankutil import ranks_agree, small_sum_reference, start, done
 
 world = start()
 from comm.config import parse_comm  # noqa: E402
@@ -42,22 +42,6 @@ def exchanged(ex, net, step):
     net.flat_diff[...] = grads(world.rank, step).ravel()
     iterate(ex, net)
     return net.flat_diff.reshape(SHAPE).copy()
-
-
-def rank_order_sum(parts, kahan):
-    """float32 sum of ``parts`` in list order; Kahan-compensated when ``kahan`` (written here,
-    independently of comm.aps)."""
-    s = numpy.zeros(SHAPE, numpy.float32)
-    c = numpy.zeros(SHAPE, numpy.float32)
-    for x in parts:
-        if not kahan:
-            s = s + x
-            continue
-        y = x - c
-        t = s + y
-        c = (t - s) - y
-        s = t
-    return s
 
 
 def check_dettmers():
@@ -92,13 +76,13 @@ def check_aps():
                     assert numpy.allclose(mean, exact, rtol=1e-5, atol=1e-6 * numpy.abs(
                         exact).max()), (fmt, kahan, step)
                     continue
-                # power-of-two unscaling commutes with the float32 sums
+                # the wire values (times 2**k), summed in the format one addition at a time
                 e = max(local_exponent(g) for g in gs)
-                parts = [pure.decompress(*pure.compress(g, e, P)) for g in gs]
-                ref = rank_order_sum(parts, kahan) / numpy.float32(P)
-                exact = sum(p.astype(numpy.float64) for p in parts) / P
-                tol = 1e-6 * numpy.abs(exact).max()
-                assert numpy.allclose(mean, exact, rtol=0, atol=tol), (fmt, kahan, step)
+                wire = [pure.compress(g, e, P) for g in gs]
+                k = wire[0][1][0]
+                rows = [numpy.ldexp(pure.decompress(*w).astype(numpy.float64), k) for w in wire]
+                total = small_sum_reference(rows, fmt, kahan)
+                ref = numpy.ldexp(total, -k).astype(numpy.float32) / numpy.float32(P)
                 yield f"aps {fmt} kahan={kahan} step {step}", mean, ref
             ex.close()
 

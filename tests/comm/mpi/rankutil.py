@@ -63,3 +63,50 @@ def done(world, name):
     world.comm.Barrier()
     if world.rank == 0:
         print(f"{name}: OK", flush=True)
+
+
+# --- APS: the small-format rank-order sum, independently of comm/ ------------------------------
+
+def format_table(name):
+    """(finite non-negative values ascending, their codes) of an APS format: from ml_dtypes'
+    bit patterns, E3M0 (no ml_dtypes type) listed by hand: code e holds 2**(e - 3), 0 holds 0."""
+    if name == "E3M0":
+        return numpy.array([0.0] + [2.0 ** (e - 3) for e in range(1, 7)]), numpy.arange(7)
+    dtype = {"E5M2": E5M2, "E4M3": ml_dtypes.float8_e4m3fn,
+             "E4M3_APS": ml_dtypes.float8_e4m3}[name]
+    codes = numpy.arange(128, dtype=numpy.uint8)
+    values = codes.view(dtype).astype(numpy.float64)
+    keep = numpy.isfinite(values)
+    order = numpy.argsort(values[keep])
+    return values[keep][order], codes[keep][order].astype(numpy.int64)
+
+
+def round_to_table(x, table):
+    """float64 array -> nearest table value, ties to the even code, saturating at +-max."""
+    values, codes = table
+    a = numpy.abs(x)
+    i = numpy.clip(numpy.searchsorted(values, a), 1, len(values) - 1)
+    lo, hi = values[i - 1], values[i]
+    down, up = a - lo, hi - a
+    r = numpy.where(down < up, lo, numpy.where(up < down, hi,
+                                                numpy.where(codes[i - 1] % 2 == 0, lo, hi)))
+    r = numpy.where(a >= values[-1], values[-1], r)
+    return numpy.where(x < 0, -r, r)
+
+
+def small_sum_reference(rows, name, kahan):
+    """The rows (values of format ``name``) summed in order, every addition rounded to the
+    format; Kahan's y, t and compensation rounded too."""
+    table = format_table(name)
+    s = numpy.zeros(numpy.shape(rows[0]))
+    c = numpy.zeros_like(s)
+    for x in rows:
+        x = numpy.asarray(x, numpy.float64)
+        if kahan:
+            y = round_to_table(x - c, table)
+            t = round_to_table(s + y, table)
+            c = round_to_table(round_to_table(t - s, table) - y, table)
+            s = t
+        else:
+            s = round_to_table(s + x, table)
+    return s
