@@ -27,7 +27,9 @@ BAD = [
     ("processes_per_node: 3", "processes_per_node", "does not divide the 4 process"),
     ("stall_timeout: 0", "stall_timeout", "> 0"),
     ('codec: "strom" strom_tau: 0', "strom_tau", "> 0"),
-    ('aps_format: "E9M9"', "aps_format", "E5M2"),
+    ('aps_format: "E9M9"', "aps_format", "E4M3_APS"),
+    ("fp32_layers: -1", "fp32_layers", ">= 0"),
+    ("fp32_iters: -2", "fp32_iters", ">= 0"),
     ('dettmers_type: "log"', "dettmers_type", "dynamic_tree"),
 ]
 
@@ -45,6 +47,8 @@ def test_defaults_come_from_the_schema_and_pass():
             comm.stall_timeout, comm.algorithm) == ("fp8", pytest.approx(0.95), 1024, "nearest",
                                                     "stop", 300.0, "")
     validate_comm(parse_comm("processes_per_node: 2"), 4)
+    aps = validate_comm(parse_comm('aps_format: "E4M3_APS" fp32_layers: 2 fp32_iters: 5'), 4)
+    assert (aps.aps_format, aps.fp32_layers, aps.fp32_iters) == ("E4M3_APS", 2, 5)
 
 
 def test_one_rule_chooses_the_transport():
