@@ -92,9 +92,10 @@ def small_format_sum(rows, fmt, kahan=False):
     :meth:`FloatFormat.encode` (nearest, ties to even, subnormals and the format's overflow
     behaviour included: the shared formats saturate to +-max, NaN stays NaN). The exact
     result is the float64 result for every shared format (a span of at most 2**-24 .. 2**16 needs
-    fewer than 53 bits); where float64 would round, the smaller addend is below 2**-52 of the larger,
-    far under half an ulp of any format of at most 14 mantissa bits, so the one rounding to
-    ``fmt`` is unchanged.
+    fewer than 53 bits); where float64 would round (a format of 7 or 8 exponent bits), the two
+    operands of at most 15 significant bits each are more than 37 binades apart, so the smaller
+    is far under half an ulp of the larger in ``fmt`` and the one rounding to ``fmt`` gives the
+    same result as from the exact sum.
 
     Plain: ``s = fl(s + x)`` for x in rows, s starting at 0.
     ``kahan``: Kahan's compensated summation with the compensation ``c`` kept in ``fmt`` as

@@ -254,6 +254,8 @@ class ApsCodec(Codec):
                                           if self.fp32_layers else ())
 
     def local_stat(self, grad, t):
+        if self.impl.full_precision(t.iteration, t.key):
+            return None                      # float32: no scale, so no exponent to agree on
         return float(local_exponent(grad))
 
     def agree(self, t, value):

@@ -234,7 +234,9 @@ def simulated_exchange(codec_text, grads, iteration=0, key=(0, 1), keys=None):
     codec.bind(keys or [key])
     processes = len(grads)
     ts = [Tensor(key, numpy.ones_like(g), iteration, processes, (1, 1)) for g in grads]
-    codec.agree(ts[0], max(codec.local_stat(g, t) for g, t in zip(grads, ts)))
+    stats = [codec.local_stat(g, t) for g, t in zip(grads, ts)]
+    if stats[0] is not None:                # float32 tensors: nothing to agree on
+        codec.agree(ts[0], max(stats))
     payloads = [codec.encode(g, t) for g, t in zip(grads, ts)]
     out = numpy.empty_like(grads[0])
     codec.decode([p for p, _ in payloads], payloads[0][1], out)
@@ -292,5 +294,10 @@ def test_hybrid_precision_in_the_codec_is_the_float32_mean():
         numpy.testing.assert_array_equal(simulated_exchange(text, grads, 3, key, keys), closed)
     low = simulated_exchange(text, grads, 3, keys[0], keys)
     assert not numpy.array_equal(low, closed)
+    codec = create_codec("aps", parse_comm(text))
+    codec.bind(keys)
+    grad = numpy.ones(24, numpy.float32)
+    assert [codec.local_stat(grad, Tensor(key, grad, i, 4, (1, 1))) is None
+            for i, key in ((2, keys[0]), (3, keys[0]), (3, keys[2]))] == [True, False, True]
     codec = create_codec("aps", parse_comm())
     assert codec.impl.fp32_iters == 0 and codec.fp32_layers == 0     # the schema's defaults
