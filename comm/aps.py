@@ -6,8 +6,9 @@ For one tensor g on P ranks:
    (one small integer, not a float, goes on the wire);
 2. E = MAX-allreduce of E_r, so every max |g_r| < 2**(E+1);
 3. the scale is 2**k with k the LARGEST integer such that P * 2**(E+1) * 2**k <= U, U = the
-   format's largest finite value (the APS paper's relaxed no-overflow condition, Eq. 2-4): the sum of
-   the P scaled values can then never exceed U. A power of two is exact to apply and undo, so
+   format's largest finite value (the APS paper's relaxed no-overflow condition, Eq. 2-4): the exact
+   sum of the P scaled values can then never exceed U (a rounded partial sum can, in a format
+   with few mantissa bits, e.g. E3M0's 3 * 2**j rounding up to 4 * 2**j: the format saturates). A power of two is exact to apply and undo, so
    scaling adds no rounding of its own;
 4. every rank sends its g * 2**k rounded to nearest even in the format (comm.formats.FloatFormat:
    E5M2, E4M3, E3M0, ... any ``FloatFormat``). Rounding cannot push an element past

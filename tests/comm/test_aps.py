@@ -301,3 +301,27 @@ def test_hybrid_precision_in_the_codec_is_the_float32_mean():
             for i, key in ((2, keys[0]), (3, keys[0]), (3, keys[2]))] == [True, False, True]
     codec = create_codec("aps", parse_comm())
     assert codec.impl.fp32_iters == 0 and codec.fp32_layers == 0     # the schema's defaults
+
+
+def test_small_format_sum_saturates_and_keeps_nan():
+    """The shared formats saturate: 57344 + 57344 stays E5M2's max (not inf); E3M0's 8 + 4 = 12
+    is the tie between 8 and 16, which is past the max 8, so 8; NaN stays NaN."""
+    rows = [numpy.array([57344.0, 1.0, numpy.nan], numpy.float32)] * 2
+    for kahan in (False, True):
+        got = small_format_sum(rows, get_format("E5M2"), kahan)
+        assert got[:2].tolist() == [57344.0, 2.0] and numpy.isnan(got[2])
+    e3m0 = small_format_sum([numpy.float32([8.0]), numpy.float32([4.0])], get_format("E3M0"))
+    assert e3m0.tolist() == [8.0]
+
+
+@pytest.mark.gpu
+def test_small_format_sum_on_cupy_gives_the_numpy_bits():
+    from engine import backend
+    cp = backend.cupy
+    rng = numpy.random.default_rng(12)
+    fmt = get_format("E5M2")
+    rows = [fmt.decode(fmt.encode(rng.standard_normal(4096) * 64)) for _ in range(9)]
+    for kahan in (False, True):
+        want = small_format_sum(rows, fmt, kahan)
+        got = small_format_sum([cp.asarray(r) for r in rows], fmt, kahan)
+        assert numpy.array_equal(cp.asnumpy(got), want)
