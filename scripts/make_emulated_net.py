@@ -14,13 +14,14 @@ only after L's emulated backward, with the later layers' exchanges already under
 CaffeNet on a GPU. The DummyData layer carries only the per-process batch (for throughput
 accounting by scripts/weak_scaling.py); nothing reads it.
 
-Times: Oyama et al. ("Training deep neural networks with 8-bit floating point communication",
-Japanese) show per-iteration breakdowns only as bar charts, with no per-layer numbers. The times
-here are a roofline estimate of one GK210 (half a Tesla K80, the paper's GPU): forward =
-2 x MACs per sample x batch / (4.37 TFLOP/s peak x 0.5 efficiency), backward = 2 x forward
-(weight and input gradients; conv1 computes no input gradient, so 1 x). These are the inputs of
-scripts/perf_model.py's TSUBAME-KFC/DL model, printed below at batch 256, and scale linearly with
-the batch. ReLU, pooling, LRN, dropout and the loss are left out (no MACs).
+Times: Oyama, Nomura, Sato and Matsuoka, "Reducing communication in data-parallel deep learning
+with floating-point numbers smaller than single precision" (in Japanese), show their per-iteration
+breakdowns only as bar charts, with no per-layer numbers. The times here are a roofline
+estimate of one GK210 (half a Tesla K80, the paper's GPU): forward = 2 x MACs per sample x batch /
+(4.37 TFLOP/s peak x 0.5 efficiency), backward = 2 x forward (weight and input gradients; conv1
+computes no input gradient, so 1 x). These are the per-layer inputs of scripts/perf_model.py's
+TSUBAME-KFC/DL model; they scale linearly with the batch, and the script prints them. ReLU,
+pooling, LRN, dropout and the loss are left out (no MACs).
 """
 import argparse
 import os
