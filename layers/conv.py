@@ -98,11 +98,21 @@ class ConvolutionLayer(Layer):
             if any(v <= 0 for v in getattr(self, name)):
                 raise self.error(f"{name} dimensions must be > 0, got {getattr(self, name)}")
 
+    def _weight_shape(self):
+        return (self.num_output, self.channels // self.group) + tuple(self.kernel)
+
     def _make_params(self, p):
-        shape = (self.num_output, self.channels // self.group) + tuple(self.kernel)
-        self.make_param(shape, p.weight_filler)
+        self.make_param(self._weight_shape(), p.weight_filler)
         if p.bias_term:
             self.make_param((self.num_output,), p.bias_filler)
+
+    def _out_spatial(self, spatial):
+        out = [conv_out_size(*a) for a in zip(spatial, self.kernel, self.pad, self.stride,
+                                               self.dilation)]
+        if any(o < 1 for o in out):
+            raise self.error(f"kernel {self.kernel} (dilation {self.dilation}) is larger than the "
+                             f"padded input {[s + 2 * q for s, q in zip(spatial, self.pad)]}")
+        return tuple(out)
 
     def reshape(self, bottom, top):
         shape = bottom[0].shape
@@ -110,14 +120,9 @@ class ConvolutionLayer(Layer):
             if b.shape != shape:
                 raise self.error(f"all bottoms must have the same shape; got {shape} and {b.shape}")
         if len(shape) != self.num_spatial + 2 or shape[1] != self.channels:
-            raise self.error(f"input shape {shape} is incompatible with the convolution kernel "
+            raise self.error(f"input shape {shape} is incompatible with the {self.type} kernel "
                              f"(expects {self.channels} channels and {self.num_spatial} spatial axes)")
-        out = [conv_out_size(*a) for a in zip(shape[2:], self.kernel, self.pad, self.stride,
-                                               self.dilation)]
-        if any(o < 1 for o in out):
-            raise self.error(f"kernel {self.kernel} (dilation {self.dilation}) is larger than the "
-                             f"padded input {[s + 2 * q for s, q in zip(shape[2:], self.pad)]}")
-        self.out_spatial = tuple(out)
+        self.out_spatial = self._out_spatial(shape[2:])
         for t in top:
             t.reshape((shape[0], self.num_output) + self.out_spatial)
 
@@ -173,28 +178,16 @@ class DeconvolutionLayer(ConvolutionLayer):
     that convolution does all three.
     """
 
-    def _make_params(self, p):
-        shape = (self.channels, self.num_output // self.group) + tuple(self.kernel)
-        self.make_param(shape, p.weight_filler)
-        if p.bias_term:
-            self.make_param((self.num_output,), p.bias_filler)
+    def _weight_shape(self):
+        return (self.channels, self.num_output // self.group) + tuple(self.kernel)
 
-    def reshape(self, bottom, top):
-        shape = bottom[0].shape
-        for b in bottom[1:]:
-            if b.shape != shape:
-                raise self.error(f"all bottoms must have the same shape; got {shape} and {b.shape}")
-        if len(shape) != self.num_spatial + 2 or shape[1] != self.channels:
-            raise self.error(f"input shape {shape} is incompatible with the deconvolution kernel "
-                             f"(expects {self.channels} channels and {self.num_spatial} spatial axes)")
-        out = [deconv_out_size(*a) for a in zip(shape[2:], self.kernel, self.pad, self.stride,
+    def _out_spatial(self, spatial):
+        out = [deconv_out_size(*a) for a in zip(spatial, self.kernel, self.pad, self.stride,
                                                  self.dilation)]
         if any(o < 1 for o in out):
             raise self.error(f"output size {out} is not positive: pad {self.pad} is too large for "
-                             f"input {list(shape[2:])}, kernel {self.kernel}, stride {self.stride}")
-        self.out_spatial = tuple(out)
-        for t in top:
-            t.reshape((shape[0], self.num_output) + self.out_spatial)
+                             f"input {list(spatial)}, kernel {self.kernel}, stride {self.stride}")
+        return tuple(out)
 
     def _geometry_for(self, shape):
         """The ConvGeometry of the adjoint convolution, ``(N, O, *out) -> (N, C, *spatial)``."""
