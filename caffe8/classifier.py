@@ -14,16 +14,8 @@ class Classifier(Net):
                  input_scale=None, raw_scale=None, channel_swap=None):
         super().__init__(model_file, pretrained_file, "TEST")
         in_ = self.inputs[0]
-        self.transformer = io.Transformer({in_: self.blobs[in_].shape})
-        self.transformer.set_transpose(in_, (2, 0, 1))
-        if mean is not None:
-            self.transformer.set_mean(in_, mean)
-        if input_scale is not None:
-            self.transformer.set_input_scale(in_, input_scale)
-        if raw_scale is not None:
-            self.transformer.set_raw_scale(in_, raw_scale)
-        if channel_swap is not None:
-            self.transformer.set_channel_swap(in_, channel_swap)
+        self.transformer = io.image_transformer(in_, self.blobs[in_].shape, mean, input_scale,
+                                                raw_scale, channel_swap)
         self.crop_dims = numpy.array(self.blobs[in_].shape[2:])
         self.image_dims = numpy.array(image_dims if image_dims is not None else self.crop_dims)
 

@@ -243,3 +243,19 @@ class Transformer:
         """Multiply by ``scale`` after the mean is subtracted."""
         self._check_input(in_)
         self.input_scale[in_] = scale
+
+
+def image_transformer(name, shape, mean=None, input_scale=None, raw_scale=None, channel_swap=None):
+    """The Transformer pycaffe's Classifier and Detector build for input ``name`` of ``shape``:
+    H×W×K images to K×H×W, then the optional mean, scales and channel order."""
+    t = Transformer({name: shape})
+    t.set_transpose(name, (2, 0, 1))
+    if mean is not None:
+        t.set_mean(name, mean)
+    if input_scale is not None:
+        t.set_input_scale(name, input_scale)
+    if raw_scale is not None:
+        t.set_raw_scale(name, raw_scale)
+    if channel_swap is not None:
+        t.set_channel_swap(name, channel_swap)
+    return t
