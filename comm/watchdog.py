@@ -26,7 +26,10 @@ _ASK, _TELL = 7101, 7102
 # the compute thread of the asynchronous exchange fight the communication thread for it
 # (overlap_bench: async wall 165-241 ms with 2000 spins against 116-135 ms with 20).
 _SPIN = 20                # Test calls before the loop starts sleeping between polls
-_SLEEP = 5e-5             # seconds between polls after that: the GIL and the core go elsewhere
+_HOT = 2e-3               # seconds of polling with time.sleep(0) in between: the GIL goes to
+                          # other threads, yet MPICH, which only advances a transfer inside Test,
+                          # keeps being polled (50 us sleeps here doubled the sync exchange time)
+_SLEEP = 5e-5             # seconds between polls after that (a slow peer: leave it the core)
 _CENSUS_EVERY = 0.05      # seconds between checks for other ranks' questions
 
 
@@ -75,7 +78,8 @@ class Watchdog:
             polls += 1
             if polls < _SPIN:
                 continue
-            time.sleep(_SLEEP)
+            now = time.monotonic()
+            time.sleep(0.0 if now - start < _HOT else _SLEEP)
             now = time.monotonic()
             if now >= next_census:
                 self._answer_questions()
