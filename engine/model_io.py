@@ -20,7 +20,7 @@ import numpy
 
 from engine import backend, net_hdf5
 from engine.errors import DataError
-from engine.proto import caffe_pb2
+from engine.proto import caffe_pb2, read_message
 from engine.proto.blobs import array_to_blob, blob_shape, blob_to_array, shape_matches
 from engine.proto.convert import to_pb
 from engine.snapshot import BINARYPROTO, HDF5, atomic_write, save_solverstate, snapshot_names
@@ -34,17 +34,8 @@ def format_of(path):
 # --- binary model files ---------------------------------------------------------------------------
 def read_binary_net(path):
     """The NetParameter in binary file ``path`` (DataError when unreadable or not a NetParameter)."""
-    try:
-        with open(path, "rb") as f:
-            raw = f.read()
-    except OSError as e:
-        raise DataError(f"{path}: cannot read model: {e.strerror}") from None
-    net = caffe_pb2.NetParameter()
-    try:
-        net.ParseFromString(raw)
-    except Exception as e:  # protobuf's DecodeError, or an error of the C extension
-        raise DataError(f"{path}: not a binary Caffe model (NetParameter): {e}") from None
-    return net
+    return read_message(path, caffe_pb2.NetParameter(), "model",
+                        "a binary Caffe model (NetParameter)", DataError)
 
 
 def source_layers(net_pb):

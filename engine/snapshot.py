@@ -23,7 +23,7 @@ import numpy
 
 from engine import backend
 from engine.errors import CaffeError
-from engine.proto import caffe_pb2
+from engine.proto import caffe_pb2, read_message
 from engine.proto.blobs import array_to_blob, blob_to_array
 
 BINARYPROTO, HDF5 = "BINARYPROTO", "HDF5"
@@ -179,16 +179,8 @@ def save_solverstate_binary(path, state, learned_net, extra=None):
 
 def load_solverstate_binary(path):
     """Read a binary SolverState; ``(state, extra)`` as ``load_solverstate`` returns them."""
-    try:
-        with open(path, "rb") as f:
-            raw = f.read()
-    except OSError as e:
-        raise CaffeError(f"{path}: cannot read solver state: {e.strerror}") from None
-    msg = caffe_pb2.SolverState()
-    try:
-        msg.ParseFromString(raw)
-    except Exception as e:  # protobuf's DecodeError, or an error of the C extension
-        raise CaffeError(f"{path}: not a binary solver state (SolverState): {e}") from None
+    msg = read_message(path, caffe_pb2.SolverState(), "solver state",
+                       "a binary solver state (SolverState)", CaffeError)
     if not msg.HasField("iter"):
         raise CaffeError(f"{path}: not a binary solver state (no iter field)")
     state = {"iter": msg.iter, "current_step": msg.current_step, "learned_net": msg.learned_net,

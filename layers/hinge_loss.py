@@ -8,28 +8,14 @@ With t_ik = +1 for the true class k = label_i and −1 otherwise, e_ik = max(0, 
 (w = top[0].diff; sign(0) = 0, so a margin exactly met takes no gradient.) Labels take no gradient.
 """
 from engine import backend
-from engine.layer import Layer, register_layer
-from layers.loss_common import check_label_range, one_hot
+from engine.layer import register_layer
+from layers.loss_common import ItemLabelLoss, check_label_range, one_hot
 
 
 @register_layer("HingeLoss")
-class HingeLossLayer(Layer):
-    exact_num_bottom = 2
-    exact_num_top = 1
-    default_loss_weight = 1.0
-
+class HingeLossLayer(ItemLabelLoss):
     def layer_setup(self, bottom, top):
         self.norm = self.layer_param.hinge_loss_param.norm
-
-    def allow_force_backward(self, bottom_index):
-        return bottom_index != 1
-
-    def reshape(self, bottom, top):
-        shape = bottom[0].shape
-        if not shape or shape[:1] != bottom[1].shape[:1] or bottom[1].count != shape[0]:
-            raise self.error(f"the data and label should have the same first dimension and one "
-                             f"label per item: bottom[0] {shape}, bottom[1] {bottom[1].shape}")
-        top[0].reshape(())
 
     def forward(self, bottom, top):
         x = bottom[0].data

@@ -18,9 +18,8 @@ from engine import backend
 from engine.datum import decode_blob_proto
 from engine.layer import Layer, register_layer
 from layers.axes import canonical_axis
-from layers.loss_common import check_label_range, class_geometry, int_labels
-from layers.softmax import softmax
-from layers.softmax_loss import FLT_MIN, normalization_mode, normalizer
+from layers.loss_common import class_geometry
+from layers.softmax_loss import FLT_MIN, labelled_softmax, normalization_mode, normalizer
 
 
 def read_infogain_matrix(path):
@@ -83,12 +82,7 @@ class InfogainLossLayer(Layer):
         x = bottom[0].data
         xp = backend.get_array_module(x)
         outer, classes, inner = self.geom
-        self.prob = softmax(x, self.axis, xp)
-        p = self.prob.reshape(outer, classes, inner)
-        labels = int_labels(bottom[1].data, outer, inner)
-        valid = (labels != self.ignore_label) if self.ignore_label is not None \
-            else xp.ones(labels.shape, dtype=bool)
-        check_label_range(self, xp, labels, valid, classes)
+        p, labels, valid = labelled_softmax(self, bottom, xp)
         h = self._matrix(bottom, xp, x.dtype)
         safe = labels * valid  # ignored positions read row 0, then masked out
         # rows of H picked by each position's label, laid out as outer×K×inner like p

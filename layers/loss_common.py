@@ -3,6 +3,7 @@
 Scores of shape (..., C, ...) with the class axis at ``axis`` are viewed as (outer, C, inner) and
 labels (any shape with outer·inner elements) as (outer, inner), as Caffe indexes them.
 """
+from engine.layer import Layer
 from layers.axes import count
 
 
@@ -36,3 +37,22 @@ def one_hot(xp, labels, classes):
     """Boolean (outer, classes, inner) mask, True at [n, labels[n, j], j]."""
     ks = xp.arange(classes).reshape(1, classes, 1)
     return labels[:, None, :] == ks
+
+
+class ItemLabelLoss(Layer):
+    """Base of the losses over N items with one integer label each (Caffe's HingeLoss and
+    MultinomialLogisticLoss): two bottoms (scores or probabilities, labels), a scalar top
+    weighted 1 by default; labels never take a gradient."""
+    exact_num_bottom = 2
+    exact_num_top = 1
+    default_loss_weight = 1.0
+
+    def allow_force_backward(self, bottom_index):
+        return bottom_index != 1
+
+    def reshape(self, bottom, top):
+        shape = bottom[0].shape
+        if not shape or shape[:1] != bottom[1].shape[:1] or bottom[1].count != shape[0]:
+            raise self.error(f"the data and label should have the same first dimension and one "
+                             f"label per item: bottom[0] {shape}, bottom[1] {bottom[1].shape}")
+        top[0].reshape(())

@@ -7,28 +7,14 @@ bottom[0] holds probabilities (N×K…, K = count / N), bottom[1] one integer la
 and 0 elsewhere (w = top[0].diff). The 1e-20 floor is Caffe's kLOG_THRESHOLD.
 """
 from engine import backend
-from engine.layer import Layer, register_layer
-from layers.loss_common import check_label_range, one_hot
+from engine.layer import register_layer
+from layers.loss_common import ItemLabelLoss, check_label_range, one_hot
 
 LOG_THRESHOLD = 1e-20
 
 
 @register_layer("MultinomialLogisticLoss")
-class MultinomialLogisticLossLayer(Layer):
-    exact_num_bottom = 2
-    exact_num_top = 1
-    default_loss_weight = 1.0
-
-    def allow_force_backward(self, bottom_index):
-        return bottom_index != 1
-
-    def reshape(self, bottom, top):
-        shape = bottom[0].shape
-        if not shape or shape[:1] != bottom[1].shape[:1] or bottom[1].count != shape[0]:
-            raise self.error(f"the data and label should have the same first dimension and one "
-                             f"label per item: bottom[0] {shape}, bottom[1] {bottom[1].shape}")
-        top[0].reshape(())
-
+class MultinomialLogisticLossLayer(ItemLabelLoss):
     def forward(self, bottom, top):
         x = bottom[0].data
         xp = backend.get_array_module(x)

@@ -35,6 +35,20 @@ def normalizer(xp, mode, outer, inner, valid, dtype):
     return xp.maximum(valid.sum(), 1).astype(dtype)
 
 
+def labelled_softmax(layer, bottom, xp):
+    """Softmax of bottom[0] along ``layer.axis`` (kept in ``layer.prob``) and the labels, for the
+    softmax-based losses: ``(p as outer×K×inner, int labels outer×inner, valid mask)`` with
+    ``layer.geom`` = (outer, K, inner); labels are range-checked where valid (positions equal
+    to ``layer.ignore_label`` are not)."""
+    outer, classes, inner = layer.geom
+    layer.prob = softmax(bottom[0].data, layer.axis, xp)
+    labels = int_labels(bottom[1].data, outer, inner)
+    valid = (labels != layer.ignore_label) if layer.ignore_label is not None \
+        else xp.ones(labels.shape, dtype=bool)
+    check_label_range(layer, xp, labels, valid, classes)
+    return layer.prob.reshape(outer, classes, inner), labels, valid
+
+
 @register_layer("SoftmaxWithLoss")
 class SoftmaxWithLossLayer(Layer):
     exact_num_bottom = 2
@@ -64,12 +78,7 @@ class SoftmaxWithLossLayer(Layer):
         x = bottom[0].data
         xp = backend.get_array_module(x)
         outer, classes, inner = self.geom
-        self.prob = softmax(x, self.axis, xp)
-        p = self.prob.reshape(outer, classes, inner)
-        labels = int_labels(bottom[1].data, outer, inner)
-        valid = (labels != self.ignore_label) if self.ignore_label is not None \
-            else xp.ones(labels.shape, dtype=bool)
-        check_label_range(self, xp, labels, valid, classes)
+        p, labels, valid = labelled_softmax(self, bottom, xp)
         self.hot = one_hot(xp, labels, classes) & valid[:, None, :]
         zero = xp.zeros((), dtype=x.dtype)  # a 0-d array, not a scalar, for cupy.where
         p_true = xp.where(self.hot, p, zero).sum(axis=1)
