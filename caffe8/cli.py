@@ -38,14 +38,14 @@ def make_world():
 
 def select_device(gpu, solver_mode, device_id, world, log):
     """One GPU per process: ``--gpu N`` (or solver_mode GPU) → device N + local rank."""
-    from engine import backend
+    from engine import backend, blas
     want = gpu is not None or solver_mode == "GPU"
-    if not want:
-        return
-    if not backend.gpu_available():
-        if gpu is not None:
+    if not want or not backend.gpu_available():
+        if want and gpu is not None:
             raise CaffeError(f"--gpu {gpu} given but no CUDA GPU / CuPy is available")
-        log("solver_mode is GPU but no CUDA GPU / CuPy is available; running on the CPU")
+        if want:
+            log("solver_mode is GPU but no CUDA GPU / CuPy is available; running on the CPU")
+        log(blas.describe())
         return
     gpu_all = gpu == "all"
     if gpu_all:  # Caffe's -gpu all: every GPU of the node, one per process

@@ -14,6 +14,8 @@ import os
 
 import numpy
 
+from engine import blas
+
 try:  # CuPy is optional: CPU-only machines never need it.
     import cupy  # noqa: F401
     _cupy_ok = True
@@ -62,6 +64,17 @@ def get_array_module(*arrays):
     if _cupy_ok:
         return cupy.get_array_module(*arrays)
     return numpy
+
+
+def matmul(a, b, out=None, accumulate=False):
+    """``a @ b`` into ``out`` (``out += a @ b`` with ``accumulate``) where the arrays live: on the
+    host through caffe8's OpenBLAS (``engine.blas``), on a GPU through CuPy (cuBLAS)."""
+    if _cupy_ok and isinstance(a, cupy.ndarray):
+        if accumulate:
+            out += cupy.matmul(a, b)
+            return out
+        return cupy.matmul(a, b, out=out)
+    return blas.matmul(a, b, out, accumulate)
 
 
 def to_numpy(a):

@@ -47,4 +47,4 @@ class BatchReindexLayer(Layer):
         xp = backend.get_array_module(dy)
         n = bottom[0].shape[0]
         one_hot = (self._idx.reshape(-1, 1) == xp.arange(n)).astype(dy.dtype)
-        bottom[0].diff[...] = (one_hot.T @ dy).reshape(bottom[0].shape)
+        bottom[0].diff[...] = backend.matmul(one_hot.T, dy).reshape(bottom[0].shape)

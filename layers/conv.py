@@ -313,11 +313,10 @@ class ConvGeometry:
                     cols = self._buffer("cols", shape, x)
                     native.im2col_2d(x[lo:hi], *self._geometry(), self.out_spatial, cols,
                                      per_image=True)
-                numpy.matmul(wg, cols, out=y[lo:hi].reshape(n, self.group, og, self.positions))
+                backend.matmul(wg, cols, out=y[lo:hi].reshape(n, self.group, og, self.positions))
                 continue
-            xp = backend.get_array_module(x)
             prod = self._buffer("prod", (self.group, og, n * self.positions), x)
-            xp.matmul(wg, self._cols_batch(x[lo:hi]), out=prod)
+            backend.matmul(wg, self._cols_batch(x[lo:hi]), out=prod)
             y[lo:hi].reshape(n, self.num_output, self.positions)[...] = \
                 prod.reshape(self.num_output, n, self.positions).swapaxes(0, 1)
 
@@ -331,16 +330,15 @@ class ConvGeometry:
                 shape = (n, self.group, self.k_group, self.positions)
                 dyg = dy[lo:hi].reshape(n, self.group, og, self.positions)
                 if self.pointwise:
-                    numpy.matmul(wt, dyg, out=dx[lo:hi].reshape(shape))
+                    backend.matmul(wt, dyg, out=dx[lo:hi].reshape(shape))
                     continue
                 dcols = self._buffer("cols", shape, dy)
-                numpy.matmul(wt, dyg, out=dcols)
+                backend.matmul(wt, dyg, out=dcols)
                 native.col2im_2d(dcols, dx[lo:hi].shape, *self._geometry(), self.out_spatial,
                                  dx[lo:hi], per_image=True)
                 continue
-            xp = backend.get_array_module(dy)
             dcols = self._buffer("cols", (self.group, self.k_group, n * self.positions), dy)
-            xp.matmul(wt, self._grouped_batch(dy[lo:hi]), out=dcols)
+            backend.matmul(wt, self._grouped_batch(dy[lo:hi]), out=dcols)
             dcols = dcols.reshape((self.channels,) + self.kernel + (n,) + self.out_spatial)
             col2im(dcols, dx[lo:hi].shape, *self._geometry(), out=dx[lo:hi])
 
@@ -357,8 +355,6 @@ class ConvGeometry:
         og = self.num_output // self.group
         dwg = dw.reshape(self.group, og, self.k_group)
         for lo, hi in self._chunks(x.shape[0]):
-            xp = backend.get_array_module(x)
             cols = self._cols_batch(x[lo:hi])
-            prod = self._buffer("dw", dwg.shape, dw)
-            xp.matmul(self._grouped_batch(dy[lo:hi]), cols.swapaxes(1, 2), out=prod)
-            dwg += prod
+            backend.matmul(self._grouped_batch(dy[lo:hi]), cols.swapaxes(1, 2), out=dwg,
+                           accumulate=True)

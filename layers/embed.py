@@ -58,6 +58,6 @@ class EmbedLayer(Layer):
         if self.param_propagate_down[0]:
             # one-hot product instead of a scatter-add: repeated indices add up, on any xp
             one_hot = (self._idx.reshape(-1, 1) == xp.arange(self.input_dim)).astype(dy.dtype)
-            self.blobs[0].diff += one_hot.T @ dy
+            backend.matmul(one_hot.T, dy, out=self.blobs[0].diff, accumulate=True)
         if len(self.blobs) > 1 and self.param_propagate_down[1]:
             self.blobs[1].diff += dy.sum(axis=0)

@@ -171,7 +171,7 @@ class GRULayer(Layer):
         cont = bottom[1].data if len(bottom) > 1 else None
         # One GEMM for the input projection of every timestep; the buffer is then overwritten,
         # step by step, with the gate activations [r, z, n] that backward needs.
-        gates = (x.reshape(t_len * n, -1) @ w_x.T + b[0]).reshape(t_len, n, 3 * h_dim)
+        gates = (backend.matmul(x.reshape(t_len * n, -1), w_x.T) + b[0]).reshape(t_len, n, 3 * h_dim)
         ghn = xp.empty((t_len, n, h_dim), dtype=x.dtype)    # W_hn h' + b_hn
         hprev = xp.empty((t_len, n, h_dim), dtype=x.dtype)  # h'_t = cont_t · h_{t−1}
         h = top[0].data
@@ -182,7 +182,7 @@ class GRULayer(Layer):
             for t in range(t_len):
                 hp = prev * cont[t][:, None] if cont is not None else prev
                 hprev[t] = hp
-                gh = hp @ w_h.T + b[1]
+                gh = backend.matmul(hp, w_h.T) + b[1]
                 g = gates[t]
                 rz = _sigmoid(xp, g[:, :2 * h_dim] + gh[:, :2 * h_dim])
                 ghn[t] = gh[:, 2 * h_dim:]
@@ -208,7 +208,7 @@ class GRULayer(Layer):
                 xp.multiply(prev, cont[t][:, None], out=hprev[t])
             else:
                 hprev[t] = prev
-            xp.matmul(hprev[t], w_h_t, out=gh)
+            backend.matmul(hprev[t], w_h_t, out=gh)
             step(gh, hprev[t], b_h, h_dim, gates[t], ghn[t], h[t], size=n * h_dim)
             prev = h[t]
 
@@ -234,11 +234,11 @@ class GRULayer(Layer):
                 g = dh[t] + carry
                 self._backward_step(g, gates[t], ghn[t], hprev[t], d_gx[t], d_gh[t])
                 # h_t depends on h'_t directly (through z) and through the one recurrent GEMM
-                d_hp = gates[t, :, h_dim:2 * h_dim] * g + d_gh[t] @ w_h
+                d_hp = gates[t, :, h_dim:2 * h_dim] * g + backend.matmul(d_gh[t], w_h)
                 carry = d_hp * cont[t][:, None] if cont is not None else d_hp
         self._accumulate_param_diffs(x, d_gx, d_gh, hprev)
         if propagate_down[0]:
-            d_x = d_gx.reshape(t_len * n, 3 * h_dim) @ w_x
+            d_x = backend.matmul(d_gx.reshape(t_len * n, 3 * h_dim), w_x)
             bottom[0].diff[...] = d_x.reshape(bottom[0].shape)
 
     @staticmethod
@@ -257,7 +257,7 @@ class GRULayer(Layer):
             step(dh[t], c, gates[t], ghn[t], hprev[t], mm, h_dim, d_gx[t], d_gh[t], zg,
                  size=n * h_dim)
             if t:
-                xp.matmul(d_gh[t], w_h, out=mm)
+                backend.matmul(d_gh[t], w_h, out=mm)
 
     @staticmethod
     def _backward_step(g, gate, ghn, hp, d_gx, d_gh):
@@ -277,9 +277,9 @@ class GRULayer(Layer):
         d_gx2 = d_gx.reshape(t_len * n, g_dim)
         d_gh2 = d_gh.reshape(t_len * n, g_dim)
         if self.param_propagate_down[0]:
-            self.blobs[0].diff += d_gx2.T @ x.reshape(t_len * n, -1)
+            backend.matmul(d_gx2.T, x.reshape(t_len * n, -1), out=self.blobs[0].diff, accumulate=True)
         if self.param_propagate_down[1]:
-            self.blobs[1].diff += d_gh2.T @ hprev.reshape(t_len * n, -1)
+            backend.matmul(d_gh2.T, hprev.reshape(t_len * n, -1), out=self.blobs[1].diff, accumulate=True)
         if self.param_propagate_down[2]:
             self.blobs[2].diff[0] += d_gx2.sum(axis=0)
             self.blobs[2].diff[1] += d_gh2.sum(axis=0)

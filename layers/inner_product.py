@@ -4,17 +4,15 @@ Shapes: bottom ``(d0, ..., d_{axis-1}, d_axis, ...)`` viewed as ``(M, K)`` with
 ``M = prod(d0..d_{axis-1})``, ``K = prod(d_axis..)``; weight ``(N, K)`` (``(K, N)`` when
 ``transpose: true``); bias ``(N,)``; top ``(d0, ..., d_{axis-1}, N)``.
 
-The GEMMs write through ``out=``: the product goes straight into the top, the bottom diff and a
-cache-sized weight-gradient buffer kept across iterations (a fresh weight-sized temporary per
-backward cost more in page faults than the GEMM itself for CaffeNet's fc6).
+The GEMMs write through ``out=``: the product goes straight into the top and the bottom diff,
+and the weight gradient is accumulated by the GEMM itself (BLAS's beta = 1, as Caffe's
+``caffe_cpu_gemm`` call does) — no weight-sized temporary, which for CaffeNet's fc6 cost more in
+page faults than the GEMM.
 """
 import numpy
 
 from engine import backend
 from engine.layer import Layer, register_layer
-
-#: weight-gradient rows per GEMM block (elements): ~8 MiB of float32, cache-sized
-PRODUCT_BLOCK_ELEMENTS = 1 << 21
 
 
 @register_layer("InnerProduct")
@@ -55,41 +53,21 @@ class InnerProductLayer(Layer):
     def forward(self, bottom, top):
         x = self._x2d(bottom[0].data)
         w = self.blobs[0].data
-        xp = backend.get_array_module(x)
         y = top[0].data.reshape(-1, self.num_output)
-        xp.matmul(x, w if self.transpose else w.T, out=y)
+        backend.matmul(x, w if self.transpose else w.T, out=y)
         if len(self.blobs) > 1:
             y += self.blobs[1].data
-
-    def _accumulate_product(self, xp, a, b, out):
-        """out += a @ b, one block of rows at a time through a kept buffer of at most
-        ``PRODUCT_BLOCK_ELEMENTS``: the block is added back while still in cache (fc6 of
-        CaffeNet at batch 16: 18.5 instead of 26 ms with one weight-sized buffer)."""
-        rows = max(1, PRODUCT_BLOCK_ELEMENTS // max(out.shape[1], 1))
-        if xp is not numpy:  # a GPU has no such cache to fit; one product, fewer launches
-            rows = out.shape[0]
-        buf = getattr(self, "_dw_buffer", None)
-        size = min(rows, out.shape[0]) * out.shape[1]
-        if buf is None or buf.size < size or buf.dtype != out.dtype or \
-                backend.get_array_module(buf) is not xp:
-            buf = self._dw_buffer = xp.empty(size, dtype=out.dtype)
-        for lo in range(0, out.shape[0], rows):
-            hi = min(lo + rows, out.shape[0])
-            block = buf[:(hi - lo) * out.shape[1]].reshape(hi - lo, out.shape[1])
-            xp.matmul(a[lo:hi], b, out=block)
-            out[lo:hi] += block
 
     def backward(self, top, propagate_down, bottom):
         dy = top[0].diff.reshape(-1, self.num_output)
         x = self._x2d(bottom[0].data)
         w = self.blobs[0].data
-        xp = backend.get_array_module(dy)
         if self.param_propagate_down[0]:
             if self.transpose:
-                self._accumulate_product(xp, x.T, dy, self.blobs[0].diff)
+                backend.matmul(x.T, dy, out=self.blobs[0].diff, accumulate=True)
             else:
-                self._accumulate_product(xp, dy.T, x, self.blobs[0].diff)
+                backend.matmul(dy.T, x, out=self.blobs[0].diff, accumulate=True)
         if len(self.blobs) > 1 and self.param_propagate_down[1]:
             self.blobs[1].diff += dy.sum(axis=0)
         if propagate_down[0]:
-            xp.matmul(dy, w.T if self.transpose else w, out=self._x2d(bottom[0].diff))
+            backend.matmul(dy, w.T if self.transpose else w, out=self._x2d(bottom[0].diff))

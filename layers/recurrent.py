@@ -136,10 +136,10 @@ class RecurrentLayer(Layer):
         """W x_t + b (+ W_static x_static) for every step at once: T×N×rows."""
         x = bottom[0].data
         t_len, n = x.shape[:2]
-        pre = x.reshape(t_len * n, -1) @ self.blobs[0].data.T + self.blobs[1].data
+        pre = backend.matmul(x.reshape(t_len * n, -1), self.blobs[0].data.T) + self.blobs[1].data
         pre = pre.reshape(t_len, n, -1)
         if self.static:
-            pre += (bottom[2].data.reshape(n, -1) @ self.blobs[2].data.T)[None]
+            pre += backend.matmul(bottom[2].data.reshape(n, -1), self.blobs[2].data.T)[None]
         return pre
 
     def _finish_forward(self, top, finals):
@@ -156,18 +156,18 @@ class RecurrentLayer(Layer):
         rows = d_pre.shape[2]
         d2 = d_pre.reshape(t_len * n, rows)
         if self.param_propagate_down[0]:
-            self.blobs[0].diff += d2.T @ x.reshape(t_len * n, -1)
+            backend.matmul(d2.T, x.reshape(t_len * n, -1), out=self.blobs[0].diff, accumulate=True)
         if self.param_propagate_down[1]:
             self.blobs[1].diff += d2.sum(axis=0)
         if propagate_down[0]:
-            bottom[0].diff[...] = (d2 @ self.blobs[0].data).reshape(bottom[0].shape)
+            bottom[0].diff[...] = backend.matmul(d2, self.blobs[0].data).reshape(bottom[0].shape)
         if self.static:
             d_static = d_pre.sum(axis=0)
             xs = bottom[2].data.reshape(n, -1)
             if self.param_propagate_down[2]:
-                self.blobs[2].diff += d_static.T @ xs
+                backend.matmul(d_static.T, xs, out=self.blobs[2].diff, accumulate=True)
             if propagate_down[2]:
-                bottom[2].diff[...] = (d_static @ self.blobs[2].data).reshape(bottom[2].shape)
+                bottom[2].diff[...] = backend.matmul(d_static, self.blobs[2].data).reshape(bottom[2].shape)
 
     def _state_backward(self, bottom, propagate_down, carries):
         if self.expose:
@@ -207,9 +207,9 @@ class RNNLayer(RecurrentLayer):
         (prev,) = self._initial_states(bottom, xp, n, x.dtype)
         for t in range(t_len):
             h_cont[t] = prev * cont[t][:, None]
-            h_all[t] = xp.tanh(pre[t] + h_cont[t] @ w_hh.T)
+            h_all[t] = xp.tanh(pre[t] + backend.matmul(h_cont[t], w_hh.T))
             prev = h_all[t]
-        out = xp.tanh(h_all.reshape(t_len * n, -1) @ w_ho.T + b_o)
+        out = xp.tanh(backend.matmul(h_all.reshape(t_len * n, -1), w_ho.T) + b_o)
         top[0].data[...] = out.reshape(t_len, n, self.hidden)
         self._saved = (h_all, h_cont)
         self._finish_forward(top, [h_all[t_len - 1]] if t_len else [prev])
@@ -226,19 +226,20 @@ class RNNLayer(RecurrentLayer):
         d_ao = top[0].diff.reshape(t_len * n, -1) * (1.0 - o * o)
         h2 = h_all.reshape(t_len * n, -1)
         if self.param_propagate_down[-2]:
-            self.blobs[-2].diff += d_ao.T @ h2
+            backend.matmul(d_ao.T, h2, out=self.blobs[-2].diff, accumulate=True)
         if self.param_propagate_down[-1]:
             self.blobs[-1].diff += d_ao.sum(axis=0)
-        dh_out = (d_ao @ w_ho).reshape(t_len, n, -1)
+        dh_out = backend.matmul(d_ao, w_ho).reshape(t_len, n, -1)
         cont = bottom[1].data
         d_pre = xp.empty((t_len, n, self.hidden), dtype=x.dtype)
         (carry,) = self._top_state_diffs(top, xp, n, x.dtype)
         for t in range(t_len - 1, -1, -1):
             dh = dh_out[t] + carry
             d_pre[t] = dh * (1.0 - h_all[t] * h_all[t])
-            carry = (d_pre[t] @ w_hh) * cont[t][:, None]
+            carry = backend.matmul(d_pre[t], w_hh) * cont[t][:, None]
         if self.param_propagate_down[k_hh]:
-            self.blobs[k_hh].diff += d_pre.reshape(t_len * n, -1).T @ h_cont.reshape(t_len * n, -1)
+            backend.matmul(d_pre.reshape(t_len * n, -1).T, h_cont.reshape(t_len * n, -1),
+                           out=self.blobs[k_hh].diff, accumulate=True)
         self._input_backward(bottom, propagate_down, d_pre)
         self._state_backward(bottom, propagate_down, [carry])
 
@@ -263,7 +264,7 @@ class LSTMLayer(RecurrentLayer):
         saved = []
         for t in range(t_len):
             h_cont[t] = h_prev * cont[t][:, None]
-            gates = pre[t] + h_cont[t] @ w_hc.T
+            gates = pre[t] + backend.matmul(h_cont[t], w_hc.T)
             c, h, cell = cell_forward(xp, c_prev, gates, cont[t])
             c_all[t] = c
             h_all[t] = h
@@ -287,9 +288,9 @@ class LSTMLayer(RecurrentLayer):
         for t in range(t_len - 1, -1, -1):
             c_prev = c_all[t - 1] if t > 0 else c0
             dc_carry = cell_backward(c_prev, saved[t], dc_carry, dh_top[t] + dh_carry, d_pre[t])
-            dh_carry = (d_pre[t] @ w_hc) * cont[t][:, None]
+            dh_carry = backend.matmul(d_pre[t], w_hc) * cont[t][:, None]
         if self.param_propagate_down[k_hc]:
-            self.blobs[k_hc].diff += (d_pre.reshape(t_len * n, -1).T
-                                      @ h_cont.reshape(t_len * n, -1))
+            backend.matmul(d_pre.reshape(t_len * n, -1).T, h_cont.reshape(t_len * n, -1),
+                           out=self.blobs[k_hc].diff, accumulate=True)
         self._input_backward(bottom, propagate_down, d_pre)
         self._state_backward(bottom, propagate_down, [dh_carry, dc_carry])

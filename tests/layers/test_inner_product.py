@@ -46,11 +46,9 @@ def test_gradients(shape, body):
 
 
 @pytest.mark.parametrize("shape,body", [(c[0], c[1]) for c in CASES])
-def test_weight_gradient_in_row_blocks(shape, body, monkeypatch):
-    """Blocks of one row (the cache-sized path large layers take) give the closed form
-    dW = dy^T x (x^T dy when transposed), accumulated onto what was there."""
-    from layers import inner_product
-    monkeypatch.setattr(inner_product, "PRODUCT_BLOCK_ELEMENTS", 1)
+def test_weight_gradient_accumulates(shape, body):
+    """The GEMM that accumulates into the weight diff (beta = 1) gives the closed form
+    dW = dy^T x (x^T dy when transposed) added onto what was there."""
     x = RNG.standard_normal(shape)
     layer, bottom, top = build(ip_text(body), [x])
     set_params(layer)
