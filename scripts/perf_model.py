@@ -102,15 +102,18 @@ def codec_rates_from_fig3():
     return {"fp32": FLOAT_SUM_RATE, "fp16": r16, "fp8": r8}
 
 
-# Whole-net GPU times that BVLC Caffe publishes for its own cuDNN build (the paper states no
-# compute time): CaffeNet 19.2 s per 20 iterations of 256 images on a K40 (Caffe's "Performance
-# and Hardware Configuration" page, ECC off, maximum clock), GoogLeNet 1688.8 ms per
-# forward-backward of 128 images on a K40c (the bvlc_googlenet model's readme). Only their ratio
-# per sample is used: GoogLeNet takes 3.52x CaffeNet's time per image for 2.1x its multiply-adds,
-# so one efficiency per multiply-add cannot serve both nets.
-CAFFE_PUBLISHED_S_PER_SAMPLE = {"caffenet": 19.2 / 20 / 256, "googlenet": 1.6888 / 128}
-# K40 (2880 CUDA cores) to one GK210 (2496) at the same 875 MHz boost clock.
+# Whole-net GPU times that BVLC Caffe published for its own cuDNN build (the paper states no
+# compute time), both measured in one session on one K40c at batch 128 (Caffe's GitHub issue
+# "Caffe Timings for GoogleNet, VGG, AlexNet with cuDNN"): forward-backward 511.953 ms for
+# CaffeNet (caffe_reference), 1688.8 ms for GoogLeNet. Only their ratio is used: GoogLeNet takes
+# 3.30x CaffeNet's time per image for 2.25x its multiply-adds, so one efficiency per
+# multiply-add cannot serve both nets.
+CAFFE_PUBLISHED_S_PER_SAMPLE = {"caffenet": 0.511953 / 128, "googlenet": 1.6888 / 128}
+# K40c (2880 CUDA cores) to one GK210 (2496) at the same 875 MHz boost clock.
 K40_TO_GK210 = 2880 / 2496
+# What newer cuDNN did to that kind of measurement: AlexNet forward-backward at batch 128 on a
+# (Maxwell) Titan X went from 231 ms with cuDNN R2 to 81 ms with R4 (Chintala's convnet-benchmarks).
+CUDNN_R2_TO_R4 = 231 / 81
 # assumed: CaffeNet's rate on one GK210 under the paper's CUDA 8 / cuDNN, as a fraction of the
 # boost peak (the one free number of `fig7`; see fig7_efficiency_band for the range it may take)
 FIG7_GPU_EFFICIENCY = 0.70
@@ -151,7 +154,7 @@ def net_layers(name, batch, efficiency=FIG7_GPU_EFFICIENCY, per_mac=False):
 
 
 def published_efficiency():
-    """The efficiency at which CaffeNet's multiply-adds take Caffe's published K40 time, moved
+    """The efficiency at which CaffeNet's multiply-adds take Caffe's published K40c time, moved
     to one GK210: what BVLC's own (cuDNN v1 era) measurement would make of the free number."""
     published = CAFFE_PUBLISHED_S_PER_SAMPLE["caffenet"] * K40_TO_GK210
     return _mac_seconds_per_sample("caffenet", 1.0) / published
@@ -214,8 +217,10 @@ def fig7_points(out_dir=""):
                  {"net_layers_": net_layers(net, batch, per_mac=True)}),
                 ("GPU efficiency 0.50", {"net_layers_": net_layers(net, batch, 0.5)}),
                 ("GPU efficiency 0.90", {"net_layers_": net_layers(net, batch, 0.9)}),
-                (f"GPU efficiency {pub:.2f} (Caffe's K40 time)",
+                (f"GPU efficiency {pub:.2f} (Caffe's K40c time)",
                  {"net_layers_": net_layers(net, batch, pub)}),
+                (f"GPU efficiency {pub * CUDNN_R2_TO_R4:.2f} (K40c time / cuDNN R2-R4 gain)",
+                 {"net_layers_": net_layers(net, batch, pub * CUDNN_R2_TO_R4)}),
                 ("intra-node bandwidth / 2", {"network_": half_intra}),
                 ("host copy bandwidth / 2", {"network_": half_host})):
             for codec in ("fp32", "fp8"):
@@ -651,7 +656,8 @@ def main(argv=None):
         print(f"GPU efficiency {FIG7_GPU_EFFICIENCY:.2f} of the GK210 peak on CaffeNet (assumed); "
               f"all four points within 15 % for " + (f"{band[0]:.2f} to {band[1]:.2f}" if band
                                                       else "no efficiency in 0.20-1.00") +
-              f"; Caffe's published K40 time would be {published_efficiency():.2f}")
+              f"; Caffe's published K40c time would be {published_efficiency():.2f}, "
+              f"{published_efficiency() * CUDNN_R2_TO_R4:.2f} with the cuDNN R2-R4 gain")
         return 0
     if args.cmd == "seed":
         print("\n".join(seed_validation(args.out)))
