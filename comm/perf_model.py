@@ -235,6 +235,28 @@ def layer_times_from_caffe_time(lines):
     return [(name, times[name][0], times[name][1]) for name in order]
 
 
+def split_by_macs(macs, params, seconds):
+    """LayerCosts whose forward + backward add up to ``seconds`` (one process, one iteration),
+    split in proportion to each layer's forward multiply-adds ``macs`` ({layer: MACs}, net
+    order). A layer's backward costs twice its forward (gradients w.r.t. weights and inputs),
+    except the first layer's, which computes no input gradient and costs once its forward.
+
+    Used where only a whole-net time is known (a published per-iteration timing): the net's
+    measured speed then sets the total and the multiply-adds only say where in the backward
+    the time falls, which decides what an exchange can hide under."""
+    names = list(macs)
+    weights = [macs[name] * (2 if k == 0 else 3) for k, name in enumerate(names)]
+    total = sum(weights)
+    if total <= 0 or seconds < 0:
+        raise ValueError(f"split_by_macs needs positive multiply-adds and seconds >= 0, got "
+                         f"{total} MACs and {seconds} s")
+    out = []
+    for k, name in enumerate(names):
+        fwd = seconds * macs[name] / total
+        out.append(LayerCost(name, fwd, fwd * (1 if k == 0 else 2), list(params.get(name, []))))
+    return out
+
+
 def build_layers(times, params):
     """LayerCosts from [(name, fwd, bwd)] and {name: [tensor sizes]} (a layer without timing,
     e.g. with sizes only, gets zero compute)."""
