@@ -42,7 +42,11 @@ def build_trainer(solver_path, world=None, log=None, timing=None, param=None):
     trainer = Trainer(solver_path, world=world, log=log, timing=timing, param=param)
     if trainer.world.size > 1:
         try:
-            trainer.add_callback(make_exchange(trainer.world, trainer.param.comm, trainer.net))
+            exchange = make_exchange(trainer.world, trainer.param.comm, trainer.net)
+            trainer.add_callback(exchange)
+            if log is not None:
+                for line in exchange.shared_memory_summary():
+                    log(f"Wire buffers, {line}")
         except BaseException:
             trainer.close()
             raise

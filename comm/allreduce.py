@@ -23,12 +23,21 @@ then ends the job with its name instead of a hang), or ``BLOCKING``, which makes
 blocking call (the benchmark's path, exactly MPICH's blocking algorithms). All ranks of a job use
 the same kind, as MPI requires (a blocking collective never matches a nonblocking one).
 
+Node-shared buffers: ``reserve(nbytes)`` (collective, once, before any sum) lets rsag and the
+hierarchical sum map one shared file per node (comm.shm); wire buffers taken from
+``host_buffer(length, dtype)`` then live in it, and their intra-node stages read the other
+processes' blocks in place and copy finished blocks straight out of their owners' segments,
+with barriers instead of messages; same additions, same order, same bytes. Buffers from
+anywhere else, and nodes without usable shared memory, take the message path.
+
 Registry: ``create_transport(name, comm, processes_per_node=0, waiter=BLOCKING)``; names in
 ``TRANSPORTS``, each with ``reduction`` "sum" or "gather".
 """
 import numpy
 
-from comm.mpi import node_comms
+from comm.mpi import mpi_module, node_comms
+from comm.shm import SharedArena
+from engine import backend
 from engine.registry import registrar
 
 TRANSPORTS = {}
@@ -141,6 +150,58 @@ def allgather_in_place(comm, buf, wire, waiter=BLOCKING):
     collective(waiter, "Allgather", comm, _in_place(), [buf, items, wire.datatype])
 
 
+def reduce_scatter_shared(comm, arena, buf, wire, scratch, waiter=BLOCKING):
+    """:func:`reduce_scatter_ordered` on a buffer in ``arena`` (``comm``'s node-shared memory):
+    the same chain of additions in ascending rank, reading the other ranks' blocks where they
+    lie; the running sum never lives in another rank's memory. Returns the own block."""
+    n, r = comm.Get_size(), comm.Get_rank()
+    if n == 1:
+        return buf
+    mine = buf.reshape(n, -1)
+    theirs = [arena.peer(j, buf).reshape(n, -1) for j in range(n)]
+    collective(waiter, "Barrier", comm)         # every rank's payload is in place
+    own = mine[r]
+    acc = theirs[0][r] if r != 0 else own
+    if r >= 2:                                  # x0 + x1 must not be written into rank 0's block
+        acc = scratch.get(own.size, own.dtype)
+        acc[...] = theirs[0][r]
+    for j in range(1, n):
+        if j == r:
+            wire.local_sum(acc, own)
+            acc = own
+        else:
+            wire.local_sum(theirs[j][r], acc)
+    return own
+
+
+def allgather_shared(comm, arena, buf, waiter=BLOCKING):
+    """:func:`allgather_in_place` on a buffer in ``arena``: copy every other rank's finished
+    block out of its segment. Barriers before (the blocks are final) and after (no rank writes
+    its buffer again, e.g. the next iteration's encoding, while another still copies from it)."""
+    n, r = comm.Get_size(), comm.Get_rank()
+    if n == 1:
+        return
+    mine = buf.reshape(n, -1)
+    collective(waiter, "Barrier", comm)
+    for j in range(n):
+        if j != r:
+            mine[j][...] = arena.peer(j, buf).reshape(n, -1)[j]
+    collective(waiter, "Barrier", comm)
+
+
+def _shared_arena(comm, nbytes):
+    """(arena or None, why not) for ``comm`` when all its processes share memory."""
+    if comm is None or comm.Get_size() == 1:
+        return None, "one process"
+    MPI = mpi_module()
+    node = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank())
+    together = node.Get_size() == comm.Get_size()
+    node.Free()
+    if not comm.allreduce(int(together), op=MPI.MIN):
+        return None, "its processes are on different nodes"
+    return SharedArena.create(comm, nbytes)
+
+
 class Allreduce:
     """Base of the sum transports; each defines ``sum(buf, wire, between=None)`` (in place,
     returns ``buf``)."""
@@ -162,8 +223,42 @@ class Allreduce:
         """Buffer lengths must be multiples of ``wire.unit * parts``."""
         return self.size
 
+    #: the node-shared wire memory (reserve), and why there is none
+    arena, shared_reason = None, "not reserved"
+
+    def _stage_comm(self):
+        """The communicator whose processes could share buffers (None: this algorithm can't)."""
+        return None
+
+    def reserve(self, nbytes):
+        """Collective: set aside ``nbytes`` of node-shared wire memory per process for the
+        buffers of ``host_buffer`` (where the algorithm has a shared-memory stage and the
+        node allows it). Returns the arena or None."""
+        if self._stage_comm() is None:
+            self.shared_reason = f"the {self.name} schedule has no shared-memory stage"
+            return None
+        self.close_arena()
+        self.arena, self.shared_reason = _shared_arena(self._stage_comm(), nbytes)
+        return self.arena
+
+    def host_buffer(self, length, dtype):
+        """A zeroed wire buffer: from the node-shared arena while it has room, else
+        ``backend.host_buffer`` (pinned on a GPU). The same calls in the same order on every
+        process give the same offsets, which the shared stages rely on."""
+        out = self.arena.alloc(length, dtype) if self.arena is not None else None
+        return out if out is not None else backend.host_buffer(length, dtype)
+
+    def _shared(self, buf):
+        return self.arena is not None and self.arena.holds(buf)
+
+    def close_arena(self):
+        if self.arena is not None:
+            self.arena.close()
+            self.arena = None
+
     def free(self):
-        """Release any communicators the algorithm created."""
+        """Release any communicators and shared memory the algorithm created."""
+        self.close_arena()
 
 
 @register_transport("flat")
@@ -192,8 +287,15 @@ class ReduceScatterAllgather(Allreduce):
         super().__init__(comm, processes_per_node, waiter)
         self._scratch = _Scratch()
 
+    def _stage_comm(self):
+        return self.comm
+
     def sum(self, buf, wire, between=None):
         if self.size == 1:
+            return buf
+        if self._shared(buf):
+            reduce_scatter_shared(self.comm, self.arena, buf, wire, self._scratch, self.waiter)
+            allgather_shared(self.comm, self.arena, buf, self.waiter)
             return buf
         reduce_scatter_ordered(self.comm, buf, wire, self._scratch, self.waiter)
         allgather_in_place(self.comm, buf, wire, self.waiter)
@@ -225,20 +327,31 @@ class HierarchicalAllreduce(Allreduce):
     def stages(self):
         return (self.local_size, self.nodes)
 
+    def _stage_comm(self):
+        return self.intra
+
     def sum(self, buf, wire, between=None):
         if self.size == 1:
             return buf
         w = self.waiter
-        piece = reduce_scatter_ordered(self.intra, buf, wire, self._scratch, w)
+        shared = self._shared(buf)
+        if shared:
+            piece = reduce_scatter_shared(self.intra, self.arena, buf, wire, self._scratch, w)
+        else:
+            piece = reduce_scatter_ordered(self.intra, buf, wire, self._scratch, w)
         if self.nodes > 1:
             if between is not None:
                 between(piece)
             reduce_scatter_ordered(self.inter, piece, wire, self._scratch, w)
             allgather_in_place(self.inter, piece, wire, w)
-        allgather_in_place(self.intra, buf, wire, w)
+        if shared:
+            allgather_shared(self.intra, self.arena, buf, w)
+        else:
+            allgather_in_place(self.intra, buf, wire, w)
         return buf
 
     def free(self):
+        self.close_arena()
         for c in (self.intra, self.inter):
             if c is not None:
                 c.Free()
@@ -293,6 +406,14 @@ class Gather:
     def __init__(self, comm, processes_per_node=0, waiter=BLOCKING):
         self.comm, self.waiter = comm, waiter
         self.size = 1 if comm is None else comm.Get_size()
+
+    arena, shared_reason = None, "a gather has no shared-memory stage"
+
+    def reserve(self, nbytes):
+        return None
+
+    def host_buffer(self, length, dtype):
+        return backend.host_buffer(length, dtype)
 
     def gather(self, payload, varying=False):
         payload = numpy.ascontiguousarray(payload).ravel()

@@ -46,6 +46,7 @@ from comm.allreduce import BLOCKING, create_transport, max_over
 from comm.codecs import Tensor, create_codec
 from comm.config import transport_name
 from comm.ops import padded_length
+from comm.shm import ALIGN
 
 
 def build_schedule(layer_param_slices):
@@ -115,6 +116,7 @@ class Exchange(SolverCallback):
         self.transports = {name: create_transport(name, world.comm, comm.processes_per_node,
                                                   waiter)
                            for name in sorted(set(self._transport_of.values()))}
+        self._reserve_shared_buffers()
         self.timings = ExchangeTimes({}, self.codec.quantile_interval, self.asynchronous)
         self._buffers = {}
         self._streams = {}
@@ -125,6 +127,32 @@ class Exchange(SolverCallback):
             self._queue = queue.Queue()
             self._thread = threading.Thread(target=self._run, name="caffe8-comm", daemon=True)
             self._thread.start()
+
+    def _reserve_shared_buffers(self):
+        """Size each sum transport's node-shared arena for every wire buffer it will sum (one
+        per tensor and codec, as ``_buffer`` takes them) and create it: collective, so here,
+        in the same order on every rank, before the communication thread starts."""
+        need = {}
+        used = (self.codec, self.fp32) if self.warmup_fp32_iters > 0 else (self.codec,)
+        for codec in dict.fromkeys(used):
+            if codec.reduction != "sum":
+                continue
+            name = self._transport_of[codec.name]
+            parts = self.transports[name].parts
+            item = numpy.dtype(codec.wire.dtype).itemsize
+            for sls in self.schedule.values():
+                for sl in sls:
+                    n = padded_length(sl.stop - sl.start, codec.wire.unit, parts) * item
+                    need[name] = need.get(name, 0) + n + ALIGN
+        for name in sorted(need):
+            self.transports[name].reserve(need[name])
+
+    def shared_memory_summary(self):
+        """One line per sum transport: whether its buffers are node-shared, and why not."""
+        return [f"{name}: " + (f"node-shared wire buffers ({t.arena.segment / 2**20:.1f} MiB per "
+                               "process)" if t.arena is not None else
+                               f"message buffers ({t.shared_reason})")
+                for name, t in sorted(self.transports.items()) if t.reduction == "sum"]
 
     def codec_for_iteration(self):
         """The float32 codec during the warm-up iterations, the configured codec after."""
@@ -196,7 +224,7 @@ class Exchange(SolverCallback):
         length = padded_length(n, codec.wire.unit, transport.parts)
         entry = self._buffers.get((key, codec.name))
         if entry is None or entry[0].size != length or entry[0].dtype != dtype:
-            host = backend.host_buffer(length, dtype)
+            host = transport.host_buffer(length, dtype)
             device = backend.get_array_module(self.net.flat_diff).zeros(length, dtype) \
                 if self.gpu else host
             entry = self._buffers[(key, codec.name)] = (host, device)

@@ -146,6 +146,17 @@ def host_buffer(n, dtype):
     return numpy.zeros(n, dtype)
 
 
+def pin_host(array):
+    """Page-lock an existing host array (e.g. a shared mapping) so asynchronous device copies
+    into and out of it run as with ``host_buffer``'s pinned memory; returns the undo. A no-op
+    on the CPU."""
+    if not on_gpu() or array.nbytes == 0:
+        return lambda: None
+    ptr = array.__array_interface__["data"][0]
+    cupy.cuda.runtime.hostRegister(ptr, array.nbytes, 0)
+    return lambda: cupy.cuda.runtime.hostUnregister(ptr)
+
+
 # --- one-time notes ---------------------------------------------------------------------------
 # Layers have no logger of their own; a note (an engine fallback, a library that did not load)
 # goes to the sink the CLI installs (its glog), else to stderr in glog format, once per text.

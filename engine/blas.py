@@ -121,7 +121,8 @@ def describe():
     core = lib.scipy_openblas_get_corename().decode()
     version = lib.scipy_openblas_get_config().decode().split()[1]
     threads = lib.scipy_openblas_get_num_threads()
-    return f"host GEMM: caffe8's OpenBLAS {version} ({core} kernels, {threads} threads)"
+    plural = "s" if threads != 1 else ""
+    return f"host GEMM: caffe8's OpenBLAS {version} ({core} kernels, {threads} thread{plural})"
 
 
 def set_num_threads(n):

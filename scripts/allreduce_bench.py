@@ -4,7 +4,9 @@
         --codecs fp32,fp16,fp8 --repeat 10 --csv out.csv
 
 Times only the sum of a ready wire buffer (for fp8 and half that includes the reduction op's
-work, not the encoding). Each codec is run under several schedules and reported in its best:
+work, not the encoding). Working buffers come from each schedule's ``host_buffer`` as in
+training, so rsag's and the hierarchical sum's live in node-shared memory where the node
+allows it. Each codec is run under several schedules and reported in its best:
 fp32 as MPI_Allreduce(MPI_SUM) with MPICH's default choice ("flat"), as MPI_Reduce_scatter_block +
 MPI_Allgather ("mpi_rsag") -- the float32 row is the faster of these two built-in MPI_SUM
 configurations -- and, for reference, as caffe8's explicit schedule ("rsag"); half and fp8 under the
@@ -74,12 +76,26 @@ def source_data(codec, n, rank):
 
 
 def prepare(world, codec, n):
-    """(wire op, pristine source buffer, working buffer) for ``codec`` and ``n`` elements."""
+    """(wire op, pristine source buffer) for ``codec`` and ``n`` elements."""
     wire = wire_op(codec)
     length = padded_length(n, wire.unit, world.size)
     src = numpy.zeros(length, wire.dtype)
     src[:n] = source_data(codec, n, world.rank)
-    return wire, src, numpy.empty_like(src)
+    return wire, src
+
+
+def working_buffers(algos, data):
+    """One working buffer per (codec, schedule), taken as training takes them: from the
+    schedule's ``host_buffer`` after one ``reserve`` of the bytes of all codecs (rsag and the
+    hierarchical sum then keep them in node-shared memory), else a plain array."""
+    out = {}
+    for algo in algos:
+        if hasattr(algo, "reserve"):
+            algo.reserve(sum(src.nbytes + 64 for _, src in data.values()))
+        for codec, (wire, src) in data.items():
+            make = getattr(algo, "host_buffer", None)
+            out[codec, algo.name] = make(src.size, src.dtype) if make else numpy.empty_like(src)
+    return out
 
 
 def time_interleaved(world, cases, repeat):
@@ -120,9 +136,10 @@ def run(args, world):
     for n in [parse_count(e) for e in args.elements.split(",")]:
         codecs = args.codecs.split(",")
         data = {codec: prepare(world, codec, n) for codec in codecs}
+        bufs = working_buffers(algos, data)
         cases = [(codec, algo) for codec in codecs for algo in algos]
-        t = time_interleaved(world, [(algo, *data[codec]) for codec, algo in cases],
-                             args.repeat)
+        t = time_interleaved(world, [(algo, *data[codec], bufs[codec, algo.name])
+                                     for codec, algo in cases], args.repeat)
         best = {}
         for i, (codec, algo) in enumerate(cases):
             rec = dict(codec=codec, elements=n, processes=world.size, schedule=algo.name,
@@ -137,7 +154,7 @@ def run(args, world):
                              or rec["median_seconds"] < best[codec]["median_seconds"]):
                 best[codec] = rec
         rows.extend(best[codec] for codec in codecs)
-        del data
+        del data, bufs
     for algo in algos:
         algo.free()
     return rows, detail

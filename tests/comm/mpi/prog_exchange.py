@@ -58,6 +58,13 @@ second = net.flat_diff.copy()
 net.flat_diff[...] = FakeNet(*make_tensors(rank)).flat_diff
 iterate(ex, net)
 assert numpy.array_equal(net.flat_diff, second), "fp8 exchange is not repeatable"
+# the fp8 wire buffers came from the hierarchical sum's node-shared arena (processes of an
+# emulated node share this machine's memory), so its intra-node stages ran in shared memory
+hier = ex.transports["hierarchical"]
+assert hier.arena is not None, hier.shared_reason
+fp8_buffers = [host for (key, codec), (host, _) in ex._buffers.items() if codec == "fp8"]
+assert fp8_buffers and all(hier.arena.holds(b) for b in fp8_buffers)
+assert any("hierarchical: node-shared" in line for line in ex.shared_memory_summary())
 
 # consistency_check: all ranks agree, then rank 0 flips one weight and every rank sees it
 assert ex.consistency_check() is True

@@ -2,7 +2,9 @@
 
 The fp8 sums of the explicit schedules (hierarchical with PPN processes per node and with the
 real node, rsag, ring) equal an ml_dtypes simulation of the same additions in the same order,
-bit for bit, on every rank; the flat MPI_Allreduce gives identical bytes on every rank.
+bit for bit, on every rank, with message buffers and with buffers in the node-shared arena
+(rsag and hierarchical then sum through shared memory); the flat MPI_Allreduce gives identical
+bytes on every rank.
 """
 import sys
 from types import SimpleNamespace
@@ -48,24 +50,40 @@ def simulate_ring():
     return out
 
 
-def check(name, ppn_arg, expected):
+def check(name, ppn_arg, expected, shared=False):
+    """One sum; ``shared``: the buffer from the transport's node-shared arena (after another
+    buffer, so it does not start at the segment's beginning)."""
     algo = create_transport(name, world.comm, ppn_arg)
-    buf = inputs[rank].copy()
+    if shared:
+        arena = algo.reserve(3 * n + 256)
+        if name in ("rsag", "hierarchical"):
+            assert arena is not None, f"{name}: no shared arena ({algo.shared_reason})"
+            algo.host_buffer(n + 3, numpy.uint8)[...] = 0x55    # a neighbour, left untouched
+        buf = algo.host_buffer(n, numpy.uint8)
+        buf[...] = inputs[rank]
+        assert algo._shared(buf) == (arena is not None)
+    else:
+        buf = inputs[rank].copy()
     codec = Fp8Codec(parse_comm())
     nodes = algo.stages[1]
     algo.sum(buf, wire, lambda piece: codec.between_stages(piece, SimpleNamespace(nodes=nodes)))
-    assert ranks_agree(world, buf), f"{name}: ranks differ"
+    where = f"{name} ppn={ppn_arg} shared={shared}"
+    assert ranks_agree(world, buf), f"{where}: ranks differ"
     if expected is not None:
         bad = numpy.flatnonzero(buf != expected)
-        assert bad.size == 0, (f"{name} ppn={ppn_arg}: {bad.size} of {n} differ from the "
+        assert bad.size == 0, (f"{where}: {bad.size} of {n} differ from the "
                                f"simulation, first at {bad[:5]}: {buf[bad[:5]]} vs "
                                f"{expected[bad[:5]]}")
+    if shared and algo.arena is not None:
+        assert (algo.arena.views[algo.arena.rank][:n + 3] == 0x55).all(), f"{where}: neighbour overwritten"
+    del buf
     algo.free()
 
 
-check("hierarchical", ppn, simulate_hierarchical(ppn))
-check("hierarchical", 0, simulate_hierarchical(P))   # one real node: all ranks share memory
-check("rsag", 0, chain(inputs))
-check("ring", 0, simulate_ring())
-check("flat", 0, None)
+for shared in (False, True):
+    check("hierarchical", ppn, simulate_hierarchical(ppn), shared)
+    check("hierarchical", 0, simulate_hierarchical(P), shared)  # one real node: all share memory
+    check("rsag", 0, chain(inputs), shared)
+    check("ring", 0, simulate_ring(), shared)
+    check("flat", 0, None, shared)
 done(world, f"fp8 exact P={P} ppn={ppn}")

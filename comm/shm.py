@@ -1,0 +1,132 @@
+"""Node-shared wire buffers: the processes of one node map one shared file, one segment each.
+
+With the wire buffers of a node's processes in one shared mapping, the intra-node reduce-scatter
+reads the other processes' blocks where they lie and adds them into its own block, and the
+allgather copies the finished blocks straight out of their owners' segments: no message copies
+(MPICH hands large intra-node messages over with one copy per transfer, or two through its
+8 KiB cells) and no receive buffer. The additions stay in the ascending rank order of the
+message-based schedule, so the sums are the same bytes.
+
+The file lives in ``/dev/shm`` only until every process has mapped it: the node's first process
+creates it and reserves its pages with ``posix_fallocate`` (tmpfs then reports a full
+``/dev/shm`` as ENOSPC at once, rather than as SIGBUS on first touch), the others open it, and it
+is unlinked as soon as all agree they have it mapped — a job that dies later leaves nothing
+behind. If any step fails on any process (no /dev/shm, too small, permissions), every process of
+the node gets ``None`` with the reason and the transports keep using messages.
+
+On a GPU the own segment is page-locked (``backend.pin_host``) so the asynchronous device
+copies into and out of it run as they do with pinned buffers.
+"""
+import mmap
+import os
+import secrets
+
+import numpy
+
+from engine import backend
+
+SHM_DIR = "/dev/shm"
+ALIGN = 64          # bytes: every buffer starts on a cache line
+
+
+def _round_up(n, to):
+    return (n + to - 1) // to * to
+
+
+def _address(a):
+    return a.__array_interface__["data"][0]
+
+
+class SharedArena:
+    """One node's shared wire memory: ``views[j]`` is process j's segment (uint8), this process
+    allocates its buffers from its own with :meth:`alloc` (in the same order on every process,
+    so a buffer sits at the same offset in every segment) and finds a peer's copy with
+    :meth:`peer`."""
+
+    def __init__(self, mapping, segment, size, rank):
+        self._mapping = mapping
+        whole = numpy.frombuffer(mapping, numpy.uint8)
+        self.views = [whole[j * segment:(j + 1) * segment] for j in range(size)]
+        self.segment, self.size, self.rank = segment, size, rank
+        self._own = _address(self.views[rank])
+        self._next = 0
+        self._unpin = backend.pin_host(self.views[rank])
+
+    @classmethod
+    def create(cls, comm, nbytes):
+        """Collective over ``comm`` (one node's processes): an arena with ``nbytes`` per
+        process, or ``(None, reason)`` on every process when shared memory is not to be had."""
+        from comm.mpi import mpi_module
+        size, rank = comm.Get_size(), comm.Get_rank()
+        segment = _round_up(max(int(nbytes), 1), mmap.PAGESIZE)
+        total = segment * size
+        path = reason = None
+        fd = -1
+        if rank == 0:
+            path = os.path.join(SHM_DIR, f"caffe8-{os.getpid()}-{secrets.token_hex(6)}")
+            try:
+                fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+                os.posix_fallocate(fd, 0, total)
+            except (OSError, AttributeError) as exc:
+                reason = f"{path}: {exc}"
+                if fd >= 0:
+                    os.close(fd)
+                    os.unlink(path)
+                fd, path = -1, None
+        path, reason = comm.bcast((path, reason), root=0)
+        if path is None:
+            return None, reason
+        mapping = None
+        try:
+            if rank != 0:
+                fd = os.open(path, os.O_RDWR)
+            mapping = mmap.mmap(fd, total, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        except OSError as exc:
+            reason = f"{path}: {exc}"
+        finally:
+            if fd >= 0:
+                os.close(fd)
+        MPI = mpi_module()
+        everyone = comm.allreduce(0 if mapping is None else 1, op=MPI.MIN)
+        if rank == 0:
+            os.unlink(path)
+        if not everyone:
+            if mapping is not None:
+                mapping.close()
+            reasons = [r for r in comm.allgather(reason) if r]
+            return None, reasons[0] if reasons else "a process could not map the shared file"
+        return cls(mapping, segment, size, rank), None
+
+    def alloc(self, length, dtype):
+        """A zeroed buffer of ``length`` items in this process's segment, or None when full."""
+        nbytes = int(length) * numpy.dtype(dtype).itemsize
+        start = _round_up(self._next, ALIGN)
+        if start + nbytes > self.segment:
+            return None
+        self._next = start + nbytes
+        out = self.views[self.rank][start:start + nbytes].view(dtype)
+        out[...] = 0
+        return out
+
+    def holds(self, buf):
+        """True when ``buf`` is a contiguous buffer inside this process's segment."""
+        if self.views is None or not buf.flags.c_contiguous:
+            return False
+        off = _address(buf) - self._own
+        return 0 <= off and off + buf.nbytes <= self.segment
+
+    def peer(self, j, buf):
+        """Process ``j``'s buffer at the offset ``buf`` has in this process's segment."""
+        off = _address(buf) - self._own
+        return self.views[j][off:off + buf.nbytes].view(buf.dtype).reshape(buf.shape)
+
+    def close(self):
+        """Unpin and unmap (buffers handed out must no longer be used)."""
+        if self.views is None:
+            return
+        self._unpin()
+        self.views = None
+        try:
+            self._mapping.close()
+        except BufferError:     # a caller still holds a buffer: the mapping goes with it
+            pass

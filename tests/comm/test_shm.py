@@ -1,0 +1,58 @@
+"""comm/shm.py: the node-shared arena on one process (COMM_SELF): allocation, offsets, cleanup,
+and the reasons it gives when shared memory cannot be had."""
+import os
+
+import numpy
+import pytest
+
+pytest.importorskip("mpi4py")
+
+from comm import shm  # noqa: E402
+from comm.mpi import mpi_module  # noqa: E402
+
+
+@pytest.fixture
+def self_comm():
+    return mpi_module().COMM_SELF
+
+
+def test_alloc_aligned_zeroed_and_found_again(self_comm):
+    arena, reason = shm.SharedArena.create(self_comm, 1000)
+    assert reason is None and arena.segment % 4096 == 0 and arena.segment >= 1000
+    a = arena.alloc(10, numpy.uint8)
+    b = arena.alloc(7, numpy.float32)
+    assert (a == 0).all() and (b == 0).all() and b.dtype == numpy.float32
+    offsets = [x.__array_interface__["data"][0] - arena.views[0].__array_interface__["data"][0]
+               for x in (a, b)]
+    assert offsets == [0, 64]                       # the second starts on the next cache line
+    b[...] = numpy.arange(7)
+    assert numpy.array_equal(arena.peer(0, b), numpy.arange(7))     # one process: itself
+    assert arena.holds(a) and arena.holds(b) and not arena.holds(numpy.zeros(3))
+    assert not arena.holds(b[::2])                  # not contiguous
+    assert arena.alloc(arena.segment, numpy.uint8) is None          # no room left
+    arena.close()
+    assert not arena.holds(a)
+
+
+def test_no_file_is_left_behind(self_comm):
+    before = set(os.listdir(shm.SHM_DIR)) if os.path.isdir(shm.SHM_DIR) else set()
+    arena, _ = shm.SharedArena.create(self_comm, 1 << 20)
+    after = set(os.listdir(shm.SHM_DIR)) if os.path.isdir(shm.SHM_DIR) else set()
+    assert not {f for f in after - before if f.startswith("caffe8-")}   # unlinked once mapped
+    if arena is not None:
+        arena.views[0][:] = 1                      # the pages are there (fallocate reserved them)
+        arena.close()
+
+
+def test_missing_directory_gives_a_reason(self_comm, monkeypatch, tmp_path):
+    monkeypatch.setattr(shm, "SHM_DIR", str(tmp_path / "absent"))
+    arena, reason = shm.SharedArena.create(self_comm, 4096)
+    assert arena is None and "absent" in reason
+
+
+def test_too_large_for_the_filesystem_gives_a_reason(self_comm):
+    if not os.path.isdir(shm.SHM_DIR):
+        pytest.skip("no /dev/shm")
+    st = os.statvfs(shm.SHM_DIR)
+    arena, reason = shm.SharedArena.create(self_comm, st.f_frsize * st.f_blocks * 2)
+    assert arena is None and "No space" in reason
