@@ -28,11 +28,13 @@ hierarchical sum map one shared file per node (comm.shm); wire buffers taken fro
 ``host_buffer(length, dtype)`` then live in it, and their intra-node stages read the other
 processes' blocks in place and copy finished blocks straight out of their owners' segments,
 with barriers instead of messages; same additions, same order, same bytes. Buffers from
-anywhere else, and nodes without usable shared memory, take the message path.
+anywhere else, nodes without usable shared memory, and ``CAFFE8_SHM=0`` take the message path.
 
 Registry: ``create_transport(name, comm, processes_per_node=0, waiter=BLOCKING)``; names in
 ``TRANSPORTS``, each with ``reduction`` "sum" or "gather".
 """
+import os
+
 import numpy
 
 from comm.mpi import mpi_module, node_comms
@@ -41,6 +43,8 @@ from engine import backend
 from engine.registry import registrar
 
 TRANSPORTS = {}
+SHM_ENV = "CAFFE8_SHM"      # "0": no node-shared buffers, every stage by messages
+SHARED_MIN_BYTES = 16384    # smaller buffers in the arena still take the message schedule
 
 
 register_transport = registrar(TRANSPORTS, "transport", "name")
@@ -52,6 +56,13 @@ class _Blocking:
     def wait(self, requests):
         from comm.mpi import mpi_module
         mpi_module().Request.Waitall(requests if isinstance(requests, list) else [requests])
+
+    def wait_until(self, done):
+        polls = 0
+        while not done():
+            polls += 1
+            if polls % 16 == 0:     # more processes than cores: let the awaited one run
+                os.sched_yield()
 
 
 BLOCKING = _Blocking()
@@ -159,7 +170,7 @@ def reduce_scatter_shared(comm, arena, buf, wire, scratch, waiter=BLOCKING):
         return buf
     mine = buf.reshape(n, -1)
     theirs = [arena.peer(j, buf).reshape(n, -1) for j in range(n)]
-    collective(waiter, "Barrier", comm)         # every rank's payload is in place
+    arena.barrier(comm, waiter)                 # every rank's payload is in place
     own = mine[r]
     acc = theirs[0][r] if r != 0 else own
     if r >= 2:                                  # x0 + x1 must not be written into rank 0's block
@@ -182,11 +193,11 @@ def allgather_shared(comm, arena, buf, waiter=BLOCKING):
     if n == 1:
         return
     mine = buf.reshape(n, -1)
-    collective(waiter, "Barrier", comm)
+    arena.barrier(comm, waiter)
     for j in range(n):
         if j != r:
             mine[j][...] = arena.peer(j, buf).reshape(n, -1)[j]
-    collective(waiter, "Barrier", comm)
+    arena.barrier(comm, waiter)
 
 
 def _shared_arena(comm, nbytes):
@@ -237,6 +248,9 @@ class Allreduce:
         if self._stage_comm() is None:
             self.shared_reason = f"the {self.name} schedule has no shared-memory stage"
             return None
+        if os.environ.get(SHM_ENV, "1").strip().lower() in ("0", "false", "no", "off"):
+            self.shared_reason = f"{SHM_ENV}={os.environ[SHM_ENV]}"
+            return None
         self.close_arena()
         self.arena, self.shared_reason = _shared_arena(self._stage_comm(), nbytes)
         return self.arena
@@ -249,7 +263,10 @@ class Allreduce:
         return out if out is not None else backend.host_buffer(length, dtype)
 
     def _shared(self, buf):
-        return self.arena is not None and self.arena.holds(buf)
+        """Sum ``buf`` through shared memory? (Below a few pages the message schedule's fixed
+        cost is as low, and the shared stages' Python steps cost more.)"""
+        return self.arena is not None and buf.nbytes >= SHARED_MIN_BYTES and \
+            self.arena.holds(buf)
 
     def close_arena(self):
         if self.arena is not None:

@@ -144,7 +144,8 @@ class Exchange(SolverCallback):
                 for sl in sls:
                     n = padded_length(sl.stop - sl.start, codec.wire.unit, parts) * item
                     need[name] = need.get(name, 0) + n + ALIGN
-        for name in sorted(need):
+        self._reserved = sorted(need)
+        for name in self._reserved:
             self.transports[name].reserve(need[name])
 
     def shared_memory_summary(self):
@@ -152,7 +153,7 @@ class Exchange(SolverCallback):
         return [f"{name}: " + (f"node-shared wire buffers ({t.arena.segment / 2**20:.1f} MiB per "
                                "process)" if t.arena is not None else
                                f"message buffers ({t.shared_reason})")
-                for name, t in sorted(self.transports.items()) if t.reduction == "sum"]
+                for name, t in ((n, self.transports[n]) for n in self._reserved)]
 
     def codec_for_iteration(self):
         """The float32 codec during the warm-up iterations, the configured codec after."""

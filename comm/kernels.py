@@ -40,7 +40,7 @@ from engine.native import compile_cached, load_library
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _SOURCE = os.path.join(_HERE, "csrc", "kernels.c")
-_ABI_VERSION = 3                       # must equal C8_ABI_VERSION in kernels.c
+_ABI_VERSION = 4                       # must equal C8_ABI_VERSION in kernels.c
 _PATH_BITS = (("avx512", 4), ("avx2", 2), ("portable", 1))
 _CFLAGS = ["-O3", "-std=c99", "-fno-trapping-math", "-ffp-contract=off"]   # as in setup.py
 
@@ -93,6 +93,11 @@ def _declare(lib):
         dec_r.argtypes = [u8, f32, ctypes.c_float, ctypes.c_float, f32, ctypes.c_size_t]
         dec_r.restype = None
     lib.c8_cpu_paths.restype = ctypes.c_int
+    lib.c8_shm_arrive.argtypes = [ctypes.c_void_p, ctypes.c_uint64]
+    lib.c8_shm_arrive.restype = None
+    lib.c8_shm_poll.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_uint64,
+                                ctypes.c_int]
+    lib.c8_shm_poll.restype = ctypes.c_int
 
 
 def _initialise():
@@ -243,6 +248,15 @@ def current_path():
 def library_file():
     """File of the loaded C library, or None when running on the NumPy fallback."""
     return _lib_file
+
+
+def shm_barrier_functions():
+    """(arrive, poll) of the node-shared barrier (C, with release/acquire ordering), or None
+    without the C library: ``arrive(own_counter_address, epoch)``;
+    ``poll(base_address, stride, n, epoch, spins) -> 1`` once all n counters reached epoch."""
+    if _lib is None:
+        return None
+    return _lib.c8_shm_arrive, _lib.c8_shm_poll
 
 
 def _c_function(kind):

@@ -14,6 +14,11 @@ is unlinked as soon as all agree they have it mapped — a job that dies later l
 behind. If any step fails on any process (no /dev/shm, too small, permissions), every process of
 the node gets ``None`` with the reason and the transports keep using messages.
 
+The stages synchronise through the mapping as well: each process's first cache line is its
+barrier counter (C atomics with release/acquire ordering, comm/csrc/kernels.c), polled under
+the collective watchdog, so a stalled process is named as for any collective — a barrier costs
+a cache-line transfer instead of an MPI round trip.
+
 On a GPU the own segment is page-locked (``backend.pin_host``) so the asynchronous device
 copies into and out of it run as they do with pinned buffers.
 """
@@ -27,6 +32,8 @@ from engine import backend
 
 SHM_DIR = "/dev/shm"
 ALIGN = 64          # bytes: every buffer starts on a cache line
+CONTROL = 64        # bytes at the start of each segment: the process's barrier counter
+POLL_SPINS = 256    # counter checks per poll call (with a pause each) before Python looks again
 
 
 def _round_up(n, to):
@@ -49,7 +56,9 @@ class SharedArena:
         self.views = [whole[j * segment:(j + 1) * segment] for j in range(size)]
         self.segment, self.size, self.rank = segment, size, rank
         self._own = _address(self.views[rank])
-        self._next = 0
+        self._base = _address(whole)
+        self._next = CONTROL                # the first cache line holds the barrier counter
+        self._epoch = 0
         self._unpin = backend.pin_host(self.views[rank])
 
     @classmethod
@@ -58,7 +67,7 @@ class SharedArena:
         process, or ``(None, reason)`` on every process when shared memory is not to be had."""
         from comm.mpi import mpi_module
         size, rank = comm.Get_size(), comm.Get_rank()
-        segment = _round_up(max(int(nbytes), 1), mmap.PAGESIZE)
+        segment = _round_up(CONTROL + max(int(nbytes), 1), mmap.PAGESIZE)
         total = segment * size
         path = reason = None
         fd = -1
@@ -96,6 +105,24 @@ class SharedArena:
             reasons = [r for r in comm.allgather(reason) if r]
             return None, reasons[0] if reasons else "a process could not map the shared file"
         return cls(mapping, segment, size, rank), None
+
+    def barrier(self, comm, waiter):
+        """All of the node's processes reach this point (every write before it is seen by all
+        after it). Through the counters in shared memory — a release store of this process's
+        epoch, acquire loads of the others', no message — polled under ``waiter`` (the
+        watchdog's deadline in training); ``comm``'s MPI barrier when the C kernels are
+        missing."""
+        from comm import kernels
+        functions = kernels.shm_barrier_functions()
+        if functions is None:
+            from comm.allreduce import collective
+            collective(waiter, "Barrier", comm)
+            return
+        arrive, poll = functions
+        self._epoch += 1
+        epoch, base, stride, n = self._epoch, self._base, self.segment, self.size
+        arrive(self._own, epoch)
+        waiter.wait_until(lambda: poll(base, stride, n, epoch, POLL_SPINS))
 
     def alloc(self, length, dtype):
         """A zeroed buffer of ``length`` items in this process's segment, or None when full."""

@@ -70,11 +70,16 @@ class Watchdog:
     def wait(self, requests):
         """Complete ``requests`` (one or a list), or raise StallError after the timeout."""
         reqs = requests if isinstance(requests, list) else [requests]
+        testall = self.MPI.Request.Testall
+        self.wait_until(lambda: testall(reqs))
+
+    def wait_until(self, done):
+        """Return once ``done()`` (a poll: MPI requests, or the node-shared barrier's counters)
+        is true, or raise StallError after the timeout."""
         self.started += 1
-        Request = self.MPI.Request
         start = time.monotonic()
         polls, warned, next_census = 0, False, start + _CENSUS_EVERY
-        while not Request.Testall(reqs):
+        while not done():
             polls += 1
             if polls < _SPIN:
                 continue
@@ -91,9 +96,9 @@ class Watchdog:
                          f"{self.where} (iteration {self.iteration}); comm.stall_timeout is "
                          f"{self.timeout:g} s")
             if waited >= self.timeout:
-                if Request.Testall(reqs):
+                if done():
                     return
-                self._stalled(reqs, waited)
+                self._stalled(waited)
 
     def _answer_questions(self):
         status = self.MPI.Status()
@@ -102,7 +107,7 @@ class Watchdog:
             self.ctl.Recv(numpy.empty(2, numpy.int64), source, _ASK)
             self._answers.append(self.ctl.Isend(self._progress(), source, _TELL))
 
-    def _stalled(self, reqs, waited):
+    def _stalled(self, waited):
         """Ask every other rank for its progress, wait ``grace`` seconds for the answers (serving
         the others' questions meanwhile), then log the verdict and raise StallError."""
         mine = self._progress()
@@ -128,7 +133,7 @@ class Watchdog:
                    f"s) in the exchange of {self.where} at iteration {self.iteration}; waiting "
                    f"for {waiting_for}")
         self.log(f"[rank {self.rank}] error: {message}")
-        del asks, reqs          # left pending on purpose: the job is about to be aborted
+        del asks                # left pending on purpose: the job is about to be aborted
         raise StallError(message)
 
     def free(self):

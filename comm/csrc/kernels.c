@@ -47,7 +47,7 @@
 #define C8_X86 0
 #endif
 
-#define C8_ABI_VERSION 3     /* 2: encode_ratio / decode_ratio; 3: fp8_sum_seed */
+#define C8_ABI_VERSION 4     /* 2: encode_ratio / decode_ratio; 3: fp8_sum_seed; 4: shm barrier */
 
 enum { C8_PATH_PORTABLE = 1, C8_PATH_AVX2 = 2, C8_PATH_AVX512 = 4 };
 
@@ -630,4 +630,32 @@ int c8_cpu_paths(void)
     }
 #endif
     return paths;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * The node-shared barrier of comm/shm.py. Each process of a node owns one uint64 counter at the
+ * start of its segment of the shared mapping; a barrier is "publish my epoch, then wait until
+ * every counter has reached it". The release store orders every earlier write of this process
+ * (its reduced block, its encoded payload) before the counter; the acquire loads order the
+ * counter before the reads that follow, so the blocks are complete when the peers read them,
+ * on weakly ordered CPUs too.
+ * ------------------------------------------------------------------------------------------- */
+void c8_shm_arrive(uint64_t *own, uint64_t epoch) {
+    __atomic_store_n(own, epoch, __ATOMIC_RELEASE);
+}
+
+/* 1 once the counters of all n processes (at base + j * stride) are >= epoch, after at most
+ * `spins` rounds of checking; 0 if not yet (the caller decides how long to keep waiting). */
+int c8_shm_poll(const unsigned char *base, size_t stride, int n, uint64_t epoch, int spins) {
+    for (int s = 0; s < spins; s++) {
+        int j = 0;
+        while (j < n && __atomic_load_n((const uint64_t *)(base + (size_t)j * stride),
+                                        __ATOMIC_ACQUIRE) >= epoch)
+            j++;
+        if (j == n) return 1;
+#if C8_X86
+        _mm_pause();
+#endif
+    }
+    return 0;
 }

@@ -24,7 +24,7 @@ def test_alloc_aligned_zeroed_and_found_again(self_comm):
     assert (a == 0).all() and (b == 0).all() and b.dtype == numpy.float32
     offsets = [x.__array_interface__["data"][0] - arena.views[0].__array_interface__["data"][0]
                for x in (a, b)]
-    assert offsets == [0, 64]                       # the second starts on the next cache line
+    assert offsets == [64, 128]      # after the barrier counter; each on its own cache line
     b[...] = numpy.arange(7)
     assert numpy.array_equal(arena.peer(0, b), numpy.arange(7))     # one process: itself
     assert arena.holds(a) and arena.holds(b) and not arena.holds(numpy.zeros(3))

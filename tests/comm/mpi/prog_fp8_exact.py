@@ -18,10 +18,11 @@ from comm.allreduce import create_transport  # noqa: E402  (after start(): sys.p
 from comm.codecs import Fp8Codec  # noqa: E402
 from comm.config import parse_comm  # noqa: E402
 from comm.ops import padded_length, wire_op  # noqa: E402
+from comm.shm import CONTROL  # noqa: E402
 
 P, rank, ppn = world.size, world.rank, int(sys.argv[1])
 wire = wire_op("fp8")
-n = padded_length(16 * 37 * P + 5, wire.unit, P)
+n = padded_length(16 * 1031 * P + 5, wire.unit, P)   # above SHARED_MIN_BYTES
 inputs = [random_fp8(numpy.random.default_rng([7, r]), n) for r in range(P)]
 
 
@@ -75,7 +76,8 @@ def check(name, ppn_arg, expected, shared=False):
                                f"simulation, first at {bad[:5]}: {buf[bad[:5]]} vs "
                                f"{expected[bad[:5]]}")
     if shared and algo.arena is not None:
-        assert (algo.arena.views[algo.arena.rank][:n + 3] == 0x55).all(), f"{where}: neighbour overwritten"
+        mine = algo.arena.views[algo.arena.rank]
+        assert (mine[CONTROL:CONTROL + n + 3] == 0x55).all(), f"{where}: neighbour overwritten"
     del buf
     algo.free()
 

@@ -3,7 +3,7 @@
 Rank 2 stays away from a collective for 5 s; the watchdog of ranks 0 and 1 (timeout 2 s) warns
 at half of it, asks the others for their progress, hears from each other (both waiting in the
 same collective) but not from rank 2, and raises StallError naming rank 2 only. A collective
-that completes in time raises nothing.
+that completes in time raises nothing. The same for the node-shared barrier (comm/shm.py).
 """
 import time
 
@@ -38,4 +38,27 @@ else:
         assert any("warning: waiting" in line for line in logged), logged
         assert logged[-1].startswith(f"[rank {rank}] error: "), logged
     request.Wait()
+
+# the same through the node-shared barrier of comm/shm.py (no MPI request to test: counters in
+# shared memory, polled under the watchdog)
+from comm.allreduce import BLOCKING  # noqa: E402
+from comm.shm import SharedArena  # noqa: E402
+arena, reason = SharedArena.create(world.comm, 4096)
+assert arena is not None, reason
+wd.at(8, "layer 'fc6'")
+arena.barrier(world.comm, wd)                          # all arrive: completes at once
+if rank == 2:
+    time.sleep(5.0)
+    arena.barrier(world.comm, BLOCKING)                # the others arrived long ago
+else:
+    logged.clear()
+    try:
+        arena.barrier(world.comm, wd)
+        raise AssertionError("the stalled shared-memory barrier returned")
+    except StallError as err:
+        text = str(err)
+        assert "rank 2 does not answer" in text and f"rank {1 - rank} " not in text, text
+        assert "layer 'fc6'" in text and "iteration 8" in text, text
+world.comm.Barrier()
+arena.close()
 done(world, "watchdog")
