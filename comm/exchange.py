@@ -416,6 +416,7 @@ class Exchange(SolverCallback):
                 return
         if self._failed:
             return
+        self._buffers.clear()       # the arenas' mappings close only with no buffer left on them
         for transport in self.transports.values():
             transport.free()
         if self.watchdog is not None:
