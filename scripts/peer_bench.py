@@ -4,7 +4,7 @@
                                  [--threads 2] [--batch lenet=64] [--csv runs/peer_bench.csv]
     python scripts/peer_bench.py --gpu [--nets caffenet,googlenet,gru]
     python scripts/peer_bench.py --threads 1 --clock cpu     # on a busy machine
-    python scripts/peer_bench.py --isa avx2                  # PyTorch without AVX-512 kernels
+    python scripts/peer_bench.py --isa avx2                  # both sides without AVX-512 kernels
     python scripts/peer_bench.py --emit runs/bench_nets      # the nets, for `caffe8 time`
     python scripts/peer_bench.py --profile --threads 1 --clock cpu --iters 3   # caffe8 per layer
 
@@ -22,8 +22,8 @@ Each side runs in its own worker process (spawned, so neither sees the other's t
 OpenBLAS and OpenMP workers busy-wait after each call, and in one process they steal each
 other's cores). A round runs ``--iters`` iterations of caffe8, then of PyTorch; the figures are
 medians over ``--rounds`` rounds of the per-iteration mean, so load from other processes hits
-both sides alike. Both sides use ``--threads`` threads (NumPy's BLAS via OPENBLAS_NUM_THREADS,
-set before NumPy loads; ``torch.set_num_threads``). PyTorch is imported only in its worker and
+both sides alike. Both sides use ``--threads`` threads (caffe8's OpenBLAS and NumPy's via
+OPENBLAS_NUM_THREADS, set before either loads; ``torch.set_num_threads``). PyTorch is imported only in its worker and
 only if installed; without it the script says so and exits with status 2.
 CSV columns: net, batch, device, side, forward_ms, backward_ms, total_ms, ratio (caffe8 total /
 PyTorch total, on the caffe8 row).
@@ -61,8 +61,8 @@ def parse_args(argv=None):
     p.add_argument("--gpu", action="store_true")
     p.add_argument("--clock", choices=sorted(CLOCKS), default="wall")
     p.add_argument("--isa", choices=("native", "avx2"), default="native",
-                   help="avx2: cap PyTorch's kernels at AVX2, for a like-for-like comparison "
-                        "where OPENBLAS_CORETYPE pins NumPy's BLAS to Haswell")
+                   help="avx2: cap both sides at AVX2 (PyTorch's ATen/oneDNN kernels, caffe8's "
+                        "OpenBLAS at Haswell), a like-for-like comparison on an AVX-512 CPU")
     p.add_argument("--csv", default=os.path.join("runs", "peer_bench.csv"))
     p.add_argument("--layers", action="store_true", help="with --profile: every layer, too")
     p.add_argument("--profile", action="store_true",
@@ -405,14 +405,15 @@ def main(argv=None):
         return 2
     for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
         os.environ[var] = str(args.threads)  # inherited by the workers before NumPy / torch load
-    if args.isa == "avx2":           # PyTorch's ATen and oneDNN kernels capped at AVX2
+    if args.isa == "avx2":           # PyTorch's ATen and oneDNN kernels, caffe8's GEMM: AVX2
         os.environ["ATEN_CPU_CAPABILITY"] = "avx2"
         os.environ["ONEDNN_MAX_CPU_ISA"] = "AVX2"
-    coretype = os.environ.get("OPENBLAS_CORETYPE", "auto")
+        os.environ.setdefault("CAFFE8_OPENBLAS_CORETYPE", "Haswell")
+    coretype = os.environ.get("CAFFE8_OPENBLAS_CORETYPE", "auto")
     rows = []
     for name in args.net_list:
         print(f"{name} (batch {args.batches[name]}, {args.threads} threads, "
-              f"OPENBLAS_CORETYPE={coretype}, PyTorch ISA {args.isa}, {args.clock} clock):",
+              f"caffe8's OpenBLAS core {coretype}, PyTorch ISA {args.isa}, {args.clock} clock):",
               flush=True)
         rows += bench_one(name, args.batches[name], args, lambda s: print(s, flush=True))
     print(f"\n{'net':10s} {'batch':>5s} {'side':8s} {'forward':>10s} {'backward':>10s} "
