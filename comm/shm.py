@@ -85,26 +85,30 @@ class SharedArena:
         path, reason = comm.bcast((path, reason), root=0)
         if path is None:
             return None, reason
-        mapping = None
+        arena = None
         try:
             if rank != 0:
                 fd = os.open(path, os.O_RDWR)
             mapping = mmap.mmap(fd, total, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+            try:
+                arena = cls(mapping, segment, size, rank)     # pins the own segment on a GPU
+            except Exception as exc:                        # e.g. cudaHostRegister refused
+                reason = f"{path}: {exc}"                   # (the mapping goes with its views)
         except OSError as exc:
             reason = f"{path}: {exc}"
         finally:
             if fd >= 0:
                 os.close(fd)
         MPI = mpi_module()
-        everyone = comm.allreduce(0 if mapping is None else 1, op=MPI.MIN)
+        everyone = comm.allreduce(0 if arena is None else 1, op=MPI.MIN)
         if rank == 0:
             os.unlink(path)
         if not everyone:
-            if mapping is not None:
-                mapping.close()
+            if arena is not None:
+                arena.close()
             reasons = [r for r in comm.allgather(reason) if r]
             return None, reasons[0] if reasons else "a process could not map the shared file"
-        return cls(mapping, segment, size, rank), None
+        return arena, None
 
     def barrier(self, comm, waiter):
         """All of the node's processes reach this point (every write before it is seen by all

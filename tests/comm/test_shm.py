@@ -56,3 +56,13 @@ def test_too_large_for_the_filesystem_gives_a_reason(self_comm):
     st = os.statvfs(shm.SHM_DIR)
     arena, reason = shm.SharedArena.create(self_comm, st.f_frsize * st.f_blocks * 2)
     assert arena is None and "No space" in reason
+
+
+def test_a_segment_that_cannot_be_pinned_gives_a_reason(self_comm, monkeypatch):
+    """On a GPU the own segment is page-locked; if the driver refuses, no arena (on every
+    process, since the outcome is agreed) and the reason says why."""
+    def refuse(array):
+        raise RuntimeError("cudaErrorHostMemoryAlreadyRegistered")
+    monkeypatch.setattr(shm.backend, "pin_host", refuse)
+    arena, reason = shm.SharedArena.create(self_comm, 4096)
+    assert arena is None and "cudaErrorHostMemoryAlreadyRegistered" in reason
