@@ -255,11 +255,11 @@ class Allreduce:
         self.arena, self.shared_reason = _shared_arena(self._stage_comm(), nbytes)
         return self.arena
 
-    def host_buffer(self, length, dtype):
-        """A zeroed wire buffer: from the node-shared arena while it has room, else
-        ``backend.host_buffer`` (pinned on a GPU). The same calls in the same order on every
-        process give the same offsets, which the shared stages rely on."""
-        out = self.arena.alloc(length, dtype) if self.arena is not None else None
+    def host_buffer(self, length, dtype, shared=True):
+        """A zeroed wire buffer: from the node-shared arena while it has room (``shared``),
+        else ``backend.host_buffer`` (pinned on a GPU). The same calls in the same order on
+        every process give the same offsets, which the shared stages rely on."""
+        out = self.arena.alloc(length, dtype) if shared and self.arena is not None else None
         return out if out is not None else backend.host_buffer(length, dtype)
 
     def _shared(self, buf):
@@ -429,7 +429,7 @@ class Gather:
     def reserve(self, nbytes):
         return None
 
-    def host_buffer(self, length, dtype):
+    def host_buffer(self, length, dtype, shared=True):
         return backend.host_buffer(length, dtype)
 
     def gather(self, payload, varying=False):

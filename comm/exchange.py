@@ -129,12 +129,13 @@ class Exchange(SolverCallback):
             self._thread.start()
 
     def _reserve_shared_buffers(self):
-        """Size each sum transport's node-shared arena for every wire buffer it will sum (one
-        per tensor and codec, as ``_buffer`` takes them) and create it: collective, so here,
-        in the same order on every rank, before the communication thread starts."""
+        """Size each sum transport's node-shared arena for the wire buffers of the configured
+        codec (one per tensor, as ``_buffer`` takes them) and create it: collective, so here,
+        in the same order on every rank, before the communication thread starts. The float32
+        warm-up's buffers stay private: a few iterations are not worth four more bytes of
+        /dev/shm per parameter and process."""
         need = {}
-        used = (self.codec, self.fp32) if self.warmup_fp32_iters > 0 else (self.codec,)
-        for codec in dict.fromkeys(used):
+        for codec in (self.codec,):
             if codec.reduction != "sum":
                 continue
             name = self._transport_of[codec.name]
@@ -225,7 +226,7 @@ class Exchange(SolverCallback):
         length = padded_length(n, codec.wire.unit, transport.parts)
         entry = self._buffers.get((key, codec.name))
         if entry is None or entry[0].size != length or entry[0].dtype != dtype:
-            host = transport.host_buffer(length, dtype)
+            host = transport.host_buffer(length, dtype, shared=codec is self.codec)
             device = backend.get_array_module(self.net.flat_diff).zeros(length, dtype) \
                 if self.gpu else host
             entry = self._buffers[(key, codec.name)] = (host, device)

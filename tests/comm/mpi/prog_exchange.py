@@ -64,6 +64,10 @@ hier = ex.transports["hierarchical"]
 assert hier.arena is not None, hier.shared_reason
 fp8_buffers = [host for (key, codec), (host, _) in ex._buffers.items() if codec == "fp8"]
 assert fp8_buffers and all(hier.arena.holds(b) for b in fp8_buffers)
+# the float32 warm-up's buffers are private (the arena is sized for the configured codec only)
+assert hier.arena.segment < sum(b.nbytes for b in fp8_buffers) + 4096 + 64 * len(fp8_buffers)
+warm = [host for (key, codec), (host, _) in ex._buffers.items() if codec == "fp32"]
+assert not any(hier.arena.holds(b) for b in warm)
 assert any("hierarchical: node-shared" in line for line in ex.shared_memory_summary())
 
 # consistency_check: all ranks agree, then rank 0 flips one weight and every rank sees it
