@@ -61,4 +61,30 @@ else:
         assert "layer 'fc6'" in text and "iteration 8" in text, text
 world.comm.Barrier()
 arena.close()
+
+# the training loop's pickled collectives (snapshot bcast and gather, the consistency check's
+# allgather) complete under the watchdog too: correct results first, then a rank that stays away
+# from a gather is named by the root that waits for it
+world.watchdog = wd
+assert world.bcast({"iter": 5} if rank == 0 else None) == {"iter": 5}
+got = world.gather(("rank", rank, "x" * (100 * rank)))
+assert got == ([("rank", r, "x" * (100 * r)) for r in range(3)] if rank == 0 else None), got
+assert world.allgather_bytes(bytes([rank]) * 32) == [bytes([r]) * 32 for r in range(3)]
+wd.at(9, "the snapshot")
+if rank == 2:
+    time.sleep(5.0)
+    world.watchdog = None
+    world.gather("late")                     # its sends complete; the root has given up
+elif rank == 1:
+    world.watchdog = None
+    world.gather("on time")
+else:
+    try:
+        world.gather("root")
+        raise AssertionError("the gather with an absent rank returned")
+    except StallError as err:
+        text = str(err)
+        assert "rank 2 does not answer" in text and "the snapshot" in text, text
+world.watchdog = None
+world.comm.Barrier()
 done(world, "watchdog")
