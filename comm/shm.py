@@ -100,9 +100,14 @@ class SharedArena:
             if fd >= 0:
                 os.close(fd)
         MPI = mpi_module()
-        everyone = comm.allreduce(0 if arena is None else 1, op=MPI.MIN)
-        if rank == 0:
-            os.unlink(path)
+        try:
+            everyone = comm.allreduce(0 if arena is None else 1, op=MPI.MIN)
+        finally:                    # whatever happened, the name goes once all have mapped it
+            if rank == 0:
+                try:
+                    os.unlink(path)
+                except FileNotFoundError:
+                    pass
         if not everyone:
             if arena is not None:
                 arena.close()

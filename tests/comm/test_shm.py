@@ -17,6 +17,8 @@ def self_comm():
 
 
 def test_alloc_aligned_zeroed_and_found_again(self_comm):
+    if not os.path.isdir(shm.SHM_DIR):
+        pytest.skip("no /dev/shm")
     arena, reason = shm.SharedArena.create(self_comm, 1000)
     assert reason is None and arena.segment % 4096 == 0 and arena.segment >= 1000
     a = arena.alloc(10, numpy.uint8)
@@ -35,10 +37,13 @@ def test_alloc_aligned_zeroed_and_found_again(self_comm):
 
 
 def test_no_file_is_left_behind(self_comm):
+    if not os.path.isdir(shm.SHM_DIR):
+        pytest.skip("no /dev/shm")
     before = set(os.listdir(shm.SHM_DIR)) if os.path.isdir(shm.SHM_DIR) else set()
     arena, _ = shm.SharedArena.create(self_comm, 1 << 20)
     after = set(os.listdir(shm.SHM_DIR)) if os.path.isdir(shm.SHM_DIR) else set()
     assert not {f for f in after - before if f.startswith("caffe8-")}   # unlinked once mapped
+    assert arena is not None
     if arena is not None:
         arena.views[0][:] = 1                      # the pages are there (fallocate reserved them)
         arena.close()
@@ -58,11 +63,32 @@ def test_too_large_for_the_filesystem_gives_a_reason(self_comm):
     assert arena is None and "No space" in reason
 
 
+def caffe8_files():
+    return {f for f in os.listdir(shm.SHM_DIR) if f.startswith("caffe8-")} \
+        if os.path.isdir(shm.SHM_DIR) else set()
+
+
 def test_a_segment_that_cannot_be_pinned_gives_a_reason(self_comm, monkeypatch):
     """On a GPU the own segment is page-locked; if the driver refuses, no arena (on every
-    process, since the outcome is agreed) and the reason says why."""
+    process, since the outcome is agreed), the reason says why, and no file stays behind."""
     def refuse(array):
         raise RuntimeError("cudaErrorHostMemoryAlreadyRegistered")
+    before = caffe8_files()
     monkeypatch.setattr(shm.backend, "pin_host", refuse)
     arena, reason = shm.SharedArena.create(self_comm, 4096)
     assert arena is None and "cudaErrorHostMemoryAlreadyRegistered" in reason
+    assert caffe8_files() <= before
+
+
+def test_an_error_during_agreement_still_removes_the_file(self_comm, monkeypatch):
+    """The shared file is unlinked even when the agreement itself fails."""
+    class Failing:
+        def __getattr__(self, name):
+            return getattr(self_comm, name)
+
+        def allreduce(self, *args, **kwargs):
+            raise RuntimeError("the job is going down")
+    before = caffe8_files()
+    with pytest.raises(RuntimeError):
+        shm.SharedArena.create(Failing(), 4096)
+    assert caffe8_files() <= before
