@@ -147,13 +147,14 @@ class Fp8Codec(Codec):
     """
     wire_name = "fp8"
 
-    def __init__(self, comm, rank=0, shared_seed=True):
+    def __init__(self, comm, rank=0):
         super().__init__(comm, rank)
         kernels.check_rounding(comm.rounding, "comm.rounding")
         self.relative, self.epsilon, self.rounding = comm.relative, comm.epsilon, comm.rounding
         self.eps32 = float(numpy.float32(self.epsilon))
         self.tracker = QuantileTracker(comm.quantile, comm.quantile_interval, comm.samples,
-                                       seed=0, rank=rank, shared_seed=shared_seed)
+                                       seed=0, rank=rank,
+                                       shared_seed=comm.quantile_positions == "shared")
 
     @property
     def quantile_interval(self):

@@ -41,8 +41,8 @@ for scale in (1e6, 1e-9):
         ex.close()
 
 # Every rank samples its own positions, yet the MAX-allreduce makes q identical.
-codec = Fp8Codec(parse_comm("quantile: 0.95 quantile_interval: 2 samples: 64"), world.rank,
-                 shared_seed=False)
+codec = Fp8Codec(parse_comm('quantile: 0.95 quantile_interval: 2 samples: 64 '
+                            'quantile_positions: "per_rank"'), world.rank)
 d = numpy.random.default_rng([9, world.rank]).uniform(-1, 1, 10000).astype(numpy.float32)
 q0 = codec.tracker.update("t", d, world.comm)
 assert ranks_agree(world, numpy.array([q0]))
@@ -51,4 +51,12 @@ assert 0.8 < q0 <= 1.0, q0   # the max over ranks of a 95 % quantile estimate of
 assert not codec.tracker.due("t", 1) and codec.tracker.due("t", 2)
 q2 = codec.tracker.update("t", d * 10, world.comm)
 assert 8.0 < q2 <= 10.0, q2
+
+# quantile_positions: with the same data on every rank, "shared" positions give every rank the
+# same local estimate, "per_rank" positions (Oyama et al.'s per-process sampling) different ones
+same = numpy.random.default_rng(9).uniform(-1, 1, 10000).astype(numpy.float32)
+for positions, differ in (("shared", False), ("per_rank", True)):
+    c = Fp8Codec(parse_comm(f'samples: 64 quantile_positions: "{positions}"'), world.rank)
+    local = world.comm.allgather(c.tracker.estimate("t", same, 0))
+    assert (len(set(local)) > 1) == differ, (positions, local)
 done(world, f"quantile P={P}")
