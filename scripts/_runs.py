@@ -424,6 +424,15 @@ def _rows(args, mode, net_batch, points, done):
     return rows
 
 
+def write_rows(rows, fields, path):
+    """``rows`` (dicts) as CSV with columns ``fields``, floats to 6 significant digits."""
+    with open(path, "w", newline="", encoding="utf-8") as f:
+        w = csv.DictWriter(f, fieldnames=list(fields))
+        w.writeheader()
+        for r in rows:
+            w.writerow({k: (f"{r[k]:.6g}" if isinstance(r[k], float) else r[k]) for k in fields})
+
+
 def write_csv(rows, path, fields=CSV_FIELDS):
     with open(path, "w", newline="", encoding="utf-8") as f:
         w = csv.DictWriter(f, fieldnames=list(fields))

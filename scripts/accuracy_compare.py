@@ -26,7 +26,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from _runs import REPO, _default_mpiexec, run_job  # noqa: E402  (after the path fix above)
+from _runs import REPO, _default_mpiexec, run_job, write_rows  # noqa: E402  (after the path fix above)
 from engine.errors import CaffeError  # noqa: E402
 from engine.prototxt import parse_file, to_text  # noqa: E402
 from engine.schema import SCHEMA  # noqa: E402
@@ -204,12 +204,19 @@ def run_variant(args, name, fields):
 
 
 def write_csv(rows, path):
-    with open(path, "w", newline="", encoding="utf-8") as f:
-        w = csv.DictWriter(f, fieldnames=list(CSV_FIELDS))
-        w.writeheader()
-        for r in rows:
-            w.writerow({k: (f"{r[k]:.6g}" if isinstance(r[k], float) else r[k])
-                        for k in CSV_FIELDS})
+    write_rows(rows, CSV_FIELDS, path)
+
+
+def run_variants(out, variants, procs, processes_per_node, max_iter, test_interval, solver=""):
+    """Train every variant (``main``'s command line) and return the rows of ``out/accuracy.csv``,
+    or the exit status when training failed."""
+    argv = ["--out", out, "--procs", str(procs), "--processes-per-node",
+            str(processes_per_node), "--variants", variants,
+            "--max-iter", str(max_iter), "--test-interval", str(test_interval)]
+    if solver:
+        argv += ["--solver", solver]
+    rc = main(argv)
+    return rc if rc else read_csv(os.path.join(out, "accuracy.csv"))
 
 
 def plot(rows, path, title=""):

@@ -25,7 +25,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from _runs import REPO, _default_mpiexec, int_list, run_job  # noqa: E402
+from _runs import REPO, _default_mpiexec, int_list, run_job, write_rows  # noqa: E402
 
 FIELDS = ("codec", "processes", "elements", "median_seconds", "min_seconds",
           "fp8_speedup_over_fp32", "ring_shape")
@@ -55,14 +55,6 @@ def combine(per_p):
 def read_bench(path):
     with open(path, encoding="utf-8") as f:
         return list(csv.DictReader(f))
-
-
-def write_rows(rows, path):
-    with open(path, "w", newline="", encoding="utf-8") as f:
-        w = csv.DictWriter(f, fieldnames=list(FIELDS))
-        w.writeheader()
-        for r in rows:
-            w.writerow({k: (f"{r[k]:.6g}" if isinstance(r[k], float) else r[k]) for k in FIELDS})
 
 
 def plot(rows, path, title):
@@ -108,7 +100,7 @@ def main(argv=None):
         per_p[p] = read_bench(bench_csv)
     rows = combine(per_p)
     path = os.path.join(args.out, "allreduce_time_vs_nodes.csv")
-    write_rows(rows, path)
+    write_rows(rows, FIELDS, path)
     plot(rows, path[:-4] + ".png", f"allreduce of {args.elements} elements vs emulated nodes "
                                    f"(Oyama et al.'s figure 4 shape)")
     for r in rows:

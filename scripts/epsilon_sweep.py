@@ -84,16 +84,14 @@ def main(argv=None):
     args = ap.parse_args(argv)
     import accuracy_compare
     os.makedirs(args.out, exist_ok=True)
-    if not args.replot:
-        argv_ac = ["--out", args.runs, "--procs", str(args.procs), "--processes-per-node",
-                   str(args.processes_per_node), "--variants", variants_text(),
-                   "--max-iter", str(args.max_iter), "--test-interval", str(args.test_interval)]
-        if args.solver:
-            argv_ac += ["--solver", args.solver]
-        rc = accuracy_compare.main(argv_ac)
-        if rc:
-            return rc
-    rows = accuracy_compare.read_csv(os.path.join(args.runs, "accuracy.csv"))
+    if args.replot:
+        rows = accuracy_compare.read_csv(os.path.join(args.runs, "accuracy.csv"))
+    else:
+        rows = accuracy_compare.run_variants(args.runs, variants_text(), args.procs,
+                                             args.processes_per_node, args.max_iter,
+                                             args.test_interval, args.solver)
+        if isinstance(rows, int):
+            return rows
     base = os.path.join(args.out, "epsilon_sweep_digits_")
     accuracy_compare.write_csv(rows, base + "accuracy.csv")
     accuracy_compare.plot(rows, base + "accuracy.png",

@@ -27,7 +27,6 @@ Usage (from the repository root)::
 Writes OUT/rounding_ablation_sum_bias.{csv,png} and OUT/rounding_ablation_digits_accuracy.{csv,png}.
 """
 import argparse
-import csv
 import math
 import os
 import sys
@@ -36,7 +35,7 @@ import numpy
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from _runs import REPO  # noqa: E402  (puts the repository on sys.path)
+from _runs import REPO, write_rows  # noqa: E402  (puts the repository on sys.path)
 from comm import fp8  # noqa: E402
 
 MODES = ("nearest", "seed")
@@ -91,14 +90,6 @@ def bias_rows(ks=(2, 4, 8), laws=("same_sign", "symmetric"), n=200_000, seed=0):
     return rows
 
 
-def write_rows(rows, fields, path):
-    with open(path, "w", newline="", encoding="utf-8") as f:
-        w = csv.DictWriter(f, fieldnames=list(fields))
-        w.writeheader()
-        for r in rows:
-            w.writerow({k: (f"{r[k]:.6g}" if isinstance(r[k], float) else r[k]) for k in fields})
-
-
 def plot_bias(rows, path):
     import matplotlib
     matplotlib.use("Agg")
@@ -141,15 +132,11 @@ def plot_accuracy(rows, path):
 
 def train(args):
     import accuracy_compare
-    argv = ["--out", args.runs, "--procs", str(args.procs), "--processes-per-node",
-            str(args.processes_per_node), "--variants", variants_text(),
-            "--max-iter", str(args.max_iter), "--test-interval", str(args.test_interval)]
-    if args.solver:
-        argv += ["--solver", args.solver]
-    rc = accuracy_compare.main(argv)
-    if rc:
-        return rc
-    rows = accuracy_compare.read_csv(os.path.join(args.runs, "accuracy.csv"))
+    rows = accuracy_compare.run_variants(args.runs, variants_text(), args.procs,
+                                         args.processes_per_node, args.max_iter,
+                                         args.test_interval, args.solver)
+    if isinstance(rows, int):
+        return rows
     csv_path = os.path.join(args.out, "rounding_ablation_digits_accuracy.csv")
     accuracy_compare.write_csv(rows, csv_path)
     plot_accuracy(rows, os.path.join(args.out, "rounding_ablation_digits_accuracy.png"))

@@ -25,7 +25,6 @@ Usage (from the repository root)::
 Writes OUT/strom_ratio_vs_tau.{csv,png} and OUT/strom_ratio_paper_tables.csv.
 """
 import argparse
-import csv
 import os
 import sys
 import tempfile
@@ -34,6 +33,7 @@ import numpy
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+from _runs import write_rows  # noqa: E402
 from quantile_trace import REPO, make_trainer, probe_training  # noqa: E402
 from comm.strom import threshold_step  # noqa: E402
 from engine import backend  # noqa: E402
@@ -130,14 +130,6 @@ def nets(iterations, workdir):
             iters=iterations))
     return [("digits", os.path.join(REPO, "prototxt", "digits", "solver.prototxt")),
             ("lenet_small", lenet)]
-
-
-def write_rows(rows, fields, path):
-    with open(path, "w", newline="", encoding="utf-8") as f:
-        w = csv.DictWriter(f, fieldnames=list(fields))
-        w.writeheader()
-        for r in rows:
-            w.writerow({k: (f"{r[k]:.6g}" if isinstance(r[k], float) else r[k]) for k in fields})
 
 
 def plot(rows, path):
