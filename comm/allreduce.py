@@ -140,15 +140,28 @@ def reduce_scatter_ordered(comm, buf, wire, scratch, waiter=BLOCKING):
     rdispls[r] = 0
     collective(waiter, "Alltoallv", comm, [buf, (counts, sdispls), wire.datatype],
                [recv, (counts, rdispls), wire.datatype])
-    own = blocks[r]
-    acc = recv[0] if r != 0 else own
-    for j in range(1, n):
+    terms = [recv[j - (j > r)] if j != r else blocks[r] for j in range(n)]
+    return _ordered_chain(terms, r, wire, start=None)
+
+
+def _ordered_chain(terms, r, wire, start):
+    """((x0 + x1) + x2) + ... of the blocks ``terms`` (rank order; ``terms[r]`` is the own block)
+    ending in the own block, which is returned: the one summation order of every explicit
+    schedule. The running sum begins in ``terms[0]`` itself (a receive buffer), or in ``start``
+    (a scratch block) when ``terms[0]`` is another rank's memory and must only be read; once it
+    reaches x_r it is added *into* the own block (dst = src + dst is exact-commutative), and
+    later terms follow it there."""
+    own = terms[r]
+    acc = own if r == 0 else terms[0]
+    if start is not None and r >= 2:
+        start[...] = terms[0]
+        acc = start
+    for j in range(1, len(terms)):
         if j == r:
-            # the own block joins the chain: the running sum lives in it from now on
             wire.local_sum(acc, own)
             acc = own
         else:
-            wire.local_sum(recv[j - (j > r)], acc)
+            wire.local_sum(terms[j], acc)
     return own
 
 
@@ -168,21 +181,10 @@ def reduce_scatter_shared(comm, arena, buf, wire, scratch, waiter=BLOCKING):
     n, r = comm.Get_size(), comm.Get_rank()
     if n == 1:
         return buf
-    mine = buf.reshape(n, -1)
-    theirs = [arena.peer(j, buf).reshape(n, -1) for j in range(n)]
+    terms = [(buf if j == r else arena.peer(j, buf)).reshape(n, -1)[r] for j in range(n)]
     arena.barrier(comm, waiter)                 # every rank's payload is in place
-    own = mine[r]
-    acc = theirs[0][r] if r != 0 else own
-    if r >= 2:                                  # x0 + x1 must not be written into rank 0's block
-        acc = scratch.get(own.size, own.dtype)
-        acc[...] = theirs[0][r]
-    for j in range(1, n):
-        if j == r:
-            wire.local_sum(acc, own)
-            acc = own
-        else:
-            wire.local_sum(theirs[j][r], acc)
-    return own
+    # x0 + x1 must not be written into rank 0's block: the sum starts in a scratch block
+    return _ordered_chain(terms, r, wire, start=scratch.get(terms[r].size, terms[r].dtype))
 
 
 def allgather_shared(comm, arena, buf, waiter=BLOCKING):

@@ -139,12 +139,11 @@ class Exchange(SolverCallback):
             if codec.reduction != "sum":
                 continue
             name = self._transport_of[codec.name]
-            parts = self.transports[name].parts
             item = numpy.dtype(codec.wire.dtype).itemsize
             for sls in self.schedule.values():
                 for sl in sls:
-                    n = padded_length(sl.stop - sl.start, codec.wire.unit, parts) * item
-                    need[name] = need.get(name, 0) + n + ALIGN
+                    n = self._wire_length(sl.stop - sl.start, codec, self.transports[name])
+                    need[name] = need.get(name, 0) + n * item + ALIGN
         self._reserved = sorted(need)
         for name in self._reserved:
             self.transports[name].reserve(need[name])
@@ -219,11 +218,17 @@ class Exchange(SolverCallback):
             self._streams[layer] = backend.cupy.cuda.Stream(non_blocking=True)
         return self._streams[layer]
 
+    @staticmethod
+    def _wire_length(n, codec, transport):
+        """Items of the wire buffer of an ``n``-element tensor: padded so the transport's parts
+        are whole wire units."""
+        return padded_length(n, codec.wire.unit, transport.parts)
+
     def _buffer(self, key, codec, transport, n, dtype):
         """The tensor's zero-padded wire buffer on the gradient's device (and its pinned host
         mirror on the GPU), kept from one iteration to the next: fresh buffers of tens of MB
         cost page faults every call. Encoders write only ``[:n]``; the padding stays zero."""
-        length = padded_length(n, codec.wire.unit, transport.parts)
+        length = self._wire_length(n, codec, transport)
         entry = self._buffers.get((key, codec.name))
         if entry is None or entry[0].size != length or entry[0].dtype != dtype:
             host = transport.host_buffer(length, dtype, shared=codec is self.codec)

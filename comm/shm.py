@@ -59,6 +59,8 @@ class SharedArena:
         self._base = _address(whole)
         self._next = CONTROL                # the first cache line holds the barrier counter
         self._epoch = 0
+        from comm import kernels
+        self._counters = kernels.shm_barrier_functions()    # None: no C library, MPI barriers
         self._unpin = backend.pin_host(self.views[rank])
 
     @classmethod
@@ -121,13 +123,11 @@ class SharedArena:
         epoch, acquire loads of the others', no message — polled under ``waiter`` (the
         watchdog's deadline in training); ``comm``'s MPI barrier when the C kernels are
         missing."""
-        from comm import kernels
-        functions = kernels.shm_barrier_functions()
-        if functions is None:
+        if self._counters is None:
             from comm.allreduce import collective
             collective(waiter, "Barrier", comm)
             return
-        arrive, poll = functions
+        arrive, poll = self._counters
         self._epoch += 1
         epoch, base, stride, n = self._epoch, self._base, self.segment, self.size
         arrive(self._own, epoch)

@@ -82,6 +82,8 @@ def _bind(lib):
                       scalar, vp, c_int]
         f.restype = None
         funcs[numpy.dtype(dtype)] = f
+    lib.scipy_openblas_get_corename.restype = ctypes.c_char_p
+    lib.scipy_openblas_get_config.restype = ctypes.c_char_p
     return funcs
 
 
@@ -116,8 +118,6 @@ def describe():
     lib, info = _load()
     if lib is None:
         return f"host GEMM: NumPy's BLAS ({info})"
-    lib.scipy_openblas_get_corename.restype = ctypes.c_char_p
-    lib.scipy_openblas_get_config.restype = ctypes.c_char_p
     core = lib.scipy_openblas_get_corename().decode()
     version = lib.scipy_openblas_get_config().decode().split()[1]
     threads = lib.scipy_openblas_get_num_threads()
