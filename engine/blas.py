@@ -89,6 +89,8 @@ def _bind(lib):
 
 def _load():
     global _state
+    if _state is not None:          # every product asks: no lock once loaded
+        return _state
     with _lock:
         if _state is not None:
             return _state
