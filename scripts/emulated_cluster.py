@@ -75,7 +75,7 @@ def parse_rate(text):
                 value = float(t[:-len(unit)]) * _RATE_UNITS[unit]
             except ValueError:
                 break
-            if value > 0:
+            if 0 < value < float("inf"):  # "infgbit"/"1e400bit" would reach tc as int(inf)
                 return value
             break
     raise ClusterError(f"--rate {text!r}: expected a positive number with a unit of "
