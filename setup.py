@@ -5,6 +5,9 @@ pooling, LRN, ...; layers/native.py loads it through engine/native.py). Its hot 
 target_clones (AVX2 and baseline, chosen at load), so it also needs no -march. Also optional:
 without it layers.native compiles into ~/.cache/caffe8 at first use or falls back to NumPy.
 
+``solvers._solver_kernels`` (solvers/native.py) holds the fused SGD step and the finiteness test
+of the update path, built and found the same way.
+
 ``comm._kernels`` is a plain shared library (no Python C API) that comm/kernels.py loads with
 ctypes. It is built with -O3 -fno-trapping-math -ffp-contract=off (see kernels.c) and without
 -march: the AVX-512 and AVX2+F16C loops carry their own function-level target attributes and are
@@ -28,11 +31,15 @@ setup(
                            extra_compile_args=["-O3", "-std=c99", "-fno-trapping-math",
                                                "-ffp-contract=off"],
                            optional=True),
+                 Extension("solvers._solver_kernels", sources=["solvers/csrc/solver_kernels.c"],
+                           extra_compile_args=["-O3", "-std=c99", "-fno-trapping-math",
+                                               "-ffp-contract=off"],    # = solvers.native.CFLAGS
+                           optional=True),
                  Extension("layers._layer_kernels", sources=["layers/csrc/layer_kernels.c"],
                            extra_compile_args=["-O3", "-std=c99", "-fno-trapping-math",
                                                "-ffp-contract=off"],      # = layers.native.CFLAGS
                            optional=True)],
     # the sources travel for the run-time fallback
-    package_data={"comm": ["csrc/*.c"], "layers": ["csrc/*.c"]},
+    package_data={"comm": ["csrc/*.c"], "layers": ["csrc/*.c"], "solvers": ["csrc/*.c"]},
     cmdclass={"build_ext": build_plain_library},
 )

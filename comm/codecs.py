@@ -63,7 +63,6 @@ class Codec:
     name = None
     reduction = "sum"
     wire_name = None
-    preferred_transport = None     # None: the comm block's hierarchical setting decides
     between_stages = None          # fn(piece, ctx): only codecs whose stages need rescaling
     varying = False                # gather codecs: payload lengths differ between ranks
     quantile_interval = 1          # iterations between two range estimates (timing: 1/N each)
@@ -98,9 +97,12 @@ def _xp(a):
 
 @register_codec("fp32")
 class Float32Codec(Codec):
-    """float32 with MPI_SUM; the mean is taken after the sum (the Caffe/MPI baseline)."""
+    """float32 sum; the mean is taken after the sum (the Caffe/MPI baseline). Summed by the
+    explicit schedule like every sum codec (``algorithm: "flat"`` asks for MPI_Allreduce with
+    MPI_SUM, Oyama et al.'s float baseline): it moves the same bytes, ran at 90 % of a 10 Gbit/s
+    link where MPI_Allreduce reached 78 % (docs/BENCHMARKS.md, emulated cluster), and its sum
+    order is fixed rather than whatever algorithm MPICH picks from call to call."""
     wire_name = "fp32"
-    preferred_transport = "flat"
 
     def encode(self, grad, t):
         wire = t.buffer(grad.size, numpy.float32)
@@ -108,7 +110,11 @@ class Float32Codec(Codec):
         return wire, t.processes
 
     def decode(self, wire, processes, out):
-        out[...] = (wire / _xp(wire).float32(processes)).reshape(out.shape)
+        xp = _xp(wire)
+        if out.dtype == numpy.float32 and out.flags.c_contiguous:    # in place: no temporary
+            xp.divide(wire, xp.float32(processes), out=out.reshape(-1))
+        else:
+            out[...] = (wire / xp.float32(processes)).reshape(out.shape)
 
 
 @register_codec("fp16")
@@ -126,6 +132,9 @@ class HalfCodec(Codec):
 
     def decode(self, wire, ctx, out):
         out[...] = wire.view(_xp(wire).float16).astype(out.dtype).reshape(out.shape)
+
+
+_BETWEEN_BLOCK = 1 << 18       # fp8 values re-scaled per step between the stages (1 MB float32)
 
 
 @dataclass
@@ -152,6 +161,7 @@ class Fp8Codec(Codec):
         kernels.check_rounding(comm.rounding, "comm.rounding")
         self.relative, self.epsilon, self.rounding = comm.relative, comm.epsilon, comm.rounding
         self.eps32 = float(numpy.float32(self.epsilon))
+        self._between_scratch = None
         self.tracker = QuantileTracker(comm.quantile, comm.quantile_interval, comm.samples,
                                        seed=0, rank=rank,
                                        shared_seed=comm.quantile_positions == "shared")
@@ -201,9 +211,17 @@ class Fp8Codec(Codec):
         return wire, _Fp8Context(q, t.stages[1], t.weight)
 
     def between_stages(self, piece, ctx):
-        """Multiply an intra-node partial sum by float32(1 / nodes), in place (fp8 -> fp8)."""
-        values = kernels.decode_fp8(piece, numpy.empty(piece.size, numpy.float32))
-        kernels.encode_fp8(values, piece, float(numpy.float32(1.0 / ctx.nodes)), self.rounding)
+        """Multiply an intra-node partial sum by float32(1 / nodes), in place (fp8 -> fp8): decode
+        and re-encode a cache-sized block at a time through one reused float32 scratch (a
+        whole-piece temporary costs a fresh allocation and its page faults every call)."""
+        scale = float(numpy.float32(1.0 / ctx.nodes))
+        block = min(piece.size, _BETWEEN_BLOCK)
+        if self._between_scratch is None or self._between_scratch.size < block:
+            self._between_scratch = numpy.empty(block, numpy.float32)
+        for s in range(0, piece.size, block):
+            part = piece[s:s + block]
+            values = kernels.decode_fp8(part, self._between_scratch[:part.size])
+            kernels.encode_fp8(values, part, scale, self.rounding)
 
     def decode(self, wire, ctx, out):
         from comm import fp8

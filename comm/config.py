@@ -74,12 +74,12 @@ def parse_comm(text="", where="<comm>"):
 
 def transport_name(comm, codec):
     """The one rule choosing a codec's transport: the block's ``algorithm`` when set, else a
-    gather for codecs that reduce by gathering, else the codec's preferred transport, else the
-    hierarchical sum (``hierarchical: true``) or the flat reduce-scatter + allgather."""
+    gather for codecs that reduce by gathering, else the hierarchical sum (``hierarchical:
+    true``) or the flat reduce-scatter + allgather."""
     from comm.allreduce import TRANSPORTS
     chosen = TRANSPORTS.get(comm.algorithm)
     if chosen is not None and chosen.reduction == codec.reduction:
         return comm.algorithm    # (the float32 warm-up codec of a gather codec skips it)
     if codec.reduction == "gather":
         return "gather"
-    return codec.preferred_transport or ("hierarchical" if comm.hierarchical else "rsag")
+    return "hierarchical" if comm.hierarchical else "rsag"

@@ -230,11 +230,15 @@ class Trainer:
         self.losses, self.smoothed_loss = [], 0.0
         last_time, last_iter = time.perf_counter(), self.iter
         while self.iter < stop_iter:
+            t_clear = time.perf_counter()
             self.net.clear_param_diffs()
+            cleared = time.perf_counter() - t_clear
             if p.test_interval and self.iter % p.test_interval == 0 and \
                     (self.iter > 0 or p.test_initialization):
                 self.test_all()
-            t0 = time.perf_counter()
+            # the iteration's wall time includes the clearing (Caffe's Step begins with it), not
+            # the test phase in between
+            t0 = time.perf_counter() - cleared
             if self.timing is not None:
                 self.timing.begin_iteration()
             for cb in self.callbacks:
@@ -316,7 +320,7 @@ class Trainer:
         the exchange, when no other thread is in MPI; every rank then acts alike.
         """
         diff = self.net.flat_diff
-        finite = math.isfinite(loss) and bool(backend.get_array_module(diff).isfinite(diff).all())
+        finite = math.isfinite(loss) and self.solver.gradients_finite(diff)
         flags, self._requests = self._requests | (0 if finite else _NONFINITE), 0
         return self.world.allreduce_or(flags)
 

@@ -1,9 +1,9 @@
 """Parameter (Caffe's parameter_layer.hpp): a learned blob of ``parameter_param.shape`` as top.
 
-The blob starts at zero, as in Caffe (load or share it to set values). Forward copies it into the
-top; backward accumulates the top's diff into the blob's diff (Caffe instead shares the diff
-array, which a consumer's overwrite would reset; accumulation keeps the layer contract, and both
-agree for one backward per update).
+The blob starts at zero, as in Caffe (load or share it to set values). As in Caffe, the top shares
+the blob's data and diff arrays (``ShareData``/``ShareDiff``): forward and backward move nothing,
+and the consumers' gradient lands in the parameter's diff directly (a consumer that overwrites its
+bottom diff therefore overwrites the parameter's, exactly as in Caffe).
 """
 from engine.layer import Layer, register_layer
 from engine.prototxt import Message
@@ -22,11 +22,15 @@ class ParameterLayer(Layer):
         self.make_param(shape, Message("FillerParameter"))
 
     def reshape(self, bottom, top):
-        top[0].reshape(self.blobs[0].shape)
+        self._share(top[0])
 
     def forward(self, bottom, top):
-        top[0].data[...] = self.blobs[0].data
+        # Re-share every time: the Net rebinds parameters onto its flat buffers after setup, and
+        # loading weights may rebind them again.
+        self._share(top[0])
 
     def backward(self, top, propagate_down, bottom):
-        if self.param_propagate_down[0]:
-            self.blobs[0].diff += top[0].diff
+        self._share(top[0])         # nothing to move: the consumers wrote into the blob's diff
+
+    def _share(self, t):
+        t.data, t.diff = self.blobs[0].data, self.blobs[0].diff

@@ -19,7 +19,7 @@ import numpy
 
 from engine import backend
 from engine.errors import SolverError
-from solvers import lr_policy
+from solvers import lr_policy, native
 from engine.solver import register_solver
 
 REGULARIZATION_TYPES = ("L1", "L2")
@@ -110,10 +110,29 @@ class SGDSolver:
         for i in range(len(self.net.learnable_params)):
             self.normalize(i)
             self.regularize(i)
-            self.compute_update_value(i, rate)
-        for p in self.net.learnable_params:
-            p.data -= p.diff
+            self.update_param(i, rate)
         self.iter += 1
+
+    def update_param(self, i, rate):
+        """diff = update value of param i (``compute_update_value``), then w -= diff (param i's
+        part of Caffe's Net::Update; no param's update reads another's, so doing both per param
+        is Caffe's result). Plain momentum SGD on host arrays runs as one fused C pass
+        (solvers/native.py), the same float operations in the same order: the same bits."""
+        p = self.net.learnable_params[i]
+        if type(self).compute_update_value is SGDSolver.compute_update_value:
+            dt = p.data.dtype.type
+            if native.sgd_momentum(p.data, p.diff, self.history[i], self.local_rate(i, rate),
+                                   self.hyper("momentum", dt)):
+                return
+        self.compute_update_value(i, rate)
+        p.data -= p.diff
+
+    def gradients_finite(self, diff):
+        """True when ``diff`` (e.g. the net's flat diff) holds no Inf or NaN."""
+        verdict = native.all_finite(diff)
+        if verdict is None:
+            verdict = bool(backend.get_array_module(diff).isfinite(diff).all())
+        return verdict
 
     def clip_gradients(self):
         """Scale all diffs by clip/norm when their global L2 norm exceeds ``clip_gradients``."""

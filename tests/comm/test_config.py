@@ -56,10 +56,11 @@ def test_one_rule_chooses_the_transport():
         comm = parse_comm(text)
         return transport_name(comm, create_codec(codec, comm))
     assert pick("", "fp8") == "hierarchical" and pick("hierarchical: false", "fp16") == "rsag"
-    assert pick("", "fp32") == "flat" and pick('algorithm: "ring"', "fp32") == "ring"
+    assert pick("", "fp32") == "hierarchical" and pick('algorithm: "ring"', "fp32") == "ring"
+    assert pick('algorithm: "flat"', "fp32") == "flat" and pick("hierarchical: false", "fp32") == "rsag"
     assert pick("", "aps") == "gather" and pick('algorithm: "gather" strom_tau: 1', "strom") == "gather"
     # the float32 warm-up of a gather codec does not take the gather named for that codec
-    assert pick('codec: "aps" algorithm: "gather"', "fp32") == "flat"
+    assert pick('codec: "aps" algorithm: "gather"', "fp32") == "hierarchical"
 
 
 def test_single_process_train_rejects_a_bad_codec_with_its_location(tmp_path):

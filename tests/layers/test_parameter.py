@@ -1,5 +1,5 @@
-"""Parameter: a zero-initialised learned blob of the given shape as the top; backward
-accumulates the top diff into it; inside a Net it is a learnable parameter."""
+"""Parameter: a zero-initialised learned blob of the given shape as the top, sharing the blob's
+data and diff as Caffe's ShareData/ShareDiff do; inside a Net it is a learnable parameter."""
 import numpy
 import pytest
 
@@ -11,7 +11,7 @@ from layer_util import make, tops
 TEXT = 'name: "p" type: "Parameter" top: "w" parameter_param { shape { dim: 2 dim: 3 } }'
 
 
-def test_forward_copies_the_blob_and_backward_accumulates():
+def test_top_shares_the_blobs_data_and_diff():
     layer = make(TEXT)
     top = tops(1)
     layer.setup([], top)
@@ -21,11 +21,15 @@ def test_forward_copies_the_blob_and_backward_accumulates():
     layer.blobs[0].data[...] = values
     layer.forward([], top)
     numpy.testing.assert_array_equal(top[0].data, values)
+    # a consumer writes the top's diff: that is the parameter's gradient, nothing copied
     dy = numpy.random.default_rng(81).standard_normal((2, 3))
     top[0].diff[...] = dy
     layer.backward(top, [], [])
-    layer.backward(top, [], [])
-    numpy.testing.assert_allclose(layer.blobs[0].diff, 2 * dy, rtol=1e-15)
+    numpy.testing.assert_array_equal(layer.blobs[0].diff, dy)
+    # rebinding the parameter (as the Net does onto its flat buffers) is followed at forward
+    layer.blobs[0].data = numpy.full((2, 3), 7.0)
+    layer.forward([], top)
+    assert top[0].data is layer.blobs[0].data
 
 
 def test_learnable_in_a_net():

@@ -1,0 +1,61 @@
+/* Host kernels of the solvers, loaded with ctypes by solvers/native.py.
+ *
+ * A plain C99 shared library (no Python C API): ctypes releases the GIL for each call.  Each
+ * kernel performs the same float operations, in the same order and the same precision, as the
+ * NumPy sequence it replaces in solvers/sgd.py (built with -ffp-contract=off: no fused
+ * multiply-add), so both paths give the same bits; it only reads and writes each array once
+ * instead of once per NumPy statement.
+ */
+#include <stddef.h>
+
+#define C8S_ABI_VERSION 1
+
+#if defined(__x86_64__) && defined(__linux__) && defined(__has_attribute)
+#if __has_attribute(target_clones)
+#define KERNEL __attribute__((target_clones("avx2", "default")))
+#endif
+#endif
+#ifndef KERNEL
+#define KERNEL
+#endif
+
+typedef ptrdiff_t idx;
+
+int c8s_abi_version(void) { return C8S_ABI_VERSION; }
+
+/* Caffe's SGD step for one parameter, then its part of Net::Update:
+ *   h = momentum * h + rate * g;   g = h;   w -= g
+ * (NumPy: tmp = g * rate; h *= momentum; h += tmp; g[...] = h; w -= g). */
+#define SGD_MOMENTUM(NAME, T)                                                             \
+    KERNEL void NAME(T *restrict w, T *restrict g, T *restrict h, idx n, T rate,          \
+                     T momentum)                                                          \
+    {                                                                                     \
+        for (idx i = 0; i < n; ++i) {                                                     \
+            T t = g[i] * rate;                                                            \
+            T m = h[i] * momentum;                                                        \
+            T v = m + t;                                                                  \
+            h[i] = v;                                                                     \
+            g[i] = v;                                                                     \
+            w[i] = w[i] - v;                                                              \
+        }                                                                                 \
+    }
+SGD_MOMENTUM(c8s_sgd_momentum_f32, float)
+SGD_MOMENTUM(c8s_sgd_momentum_f64, double)
+
+/* 1 when every element is finite (no Inf, no NaN), else 0; stops at the first that is not. */
+#define ALL_FINITE(NAME, T, U, EXP)                                                       \
+    KERNEL int NAME(const U *restrict x, idx n)                                           \
+    {                                                                                     \
+        const idx block = 4096;                                                           \
+        for (idx s = 0; s < n; s += block) {                                              \
+            idx e = s + block < n ? s + block : n;                                        \
+            U bad = 0;                                                                    \
+            for (idx i = s; i < e; ++i)                                                   \
+                bad |= (U)((x[i] & EXP) == EXP);                                          \
+            if (bad)                                                                      \
+                return 0;                                                                 \
+        }                                                                                 \
+        return 1;                                                                         \
+    }
+ALL_FINITE(c8s_all_finite_f32, float, unsigned int, 0x7f800000u)
+ALL_FINITE(c8s_all_finite_f64, double, unsigned long long, 0x7ff0000000000000ull)
