@@ -44,6 +44,7 @@ def build_trainer(solver_path, world=None, log=None, timing=None, param=None):
         try:
             exchange = make_exchange(trainer.world, trainer.param.comm, trainer.net)
             trainer.add_callback(exchange)
+            pipeline_update(trainer, exchange)
             if log is not None:
                 for line in exchange.shared_memory_summary():
                     log(f"Wire buffers, {line}")
@@ -53,7 +54,16 @@ def build_trainer(solver_path, world=None, log=None, timing=None, param=None):
     return trainer
 
 
-_GATHER_CODECS = ("aps", "dettmers", "strom")
+def pipeline_update(trainer, exchange):
+    """Let the exchange's communication thread update each layer's params as soon as their
+    gradients are exchanged (Trainer.update_early), overlapping the rest of backward and the
+    other layers' transfers instead of waiting for the last layer: with an asynchronous exchange
+    of host arrays, and a solver whose update works one param at a time (not under
+    clip_gradients). The weights are the same bits as with the update at the end. On a GPU the
+    update is a few device kernels after the exchange, and stays there."""
+    if exchange.asynchronous and not exchange.gpu and trainer.solver.supports_early_update():
+        exchange.set_after_layer(trainer.update_early)
+        trainer.pipelined_update = True
 
 
 def _node_count(world, processes_per_node):
@@ -94,11 +104,10 @@ def exchange_summary(comm_param, world):
     if comm_param.warmup_fp32_iters > 0 and codec != "fp32":
         details.append(f"fp32 for the first {comm_param.warmup_fp32_iters} iterations")
     name = f"{codec} ({', '.join(details)})" if details else codec
-    if codec in _GATHER_CODECS:
-        algorithm = "allgather"
-    else:
-        algorithm = comm_param.algorithm or ("flat" if codec == "fp32" else
-                                             "hierarchical" if comm_param.hierarchical else "rsag")
+    from comm.codecs import CODECS
+    from comm.config import transport_name
+    algorithm = transport_name(comm_param, CODECS[codec])
+    algorithm = "allgather" if algorithm == "gather" else algorithm
     nodes = _node_count(world, comm_param.processes_per_node)
     mode = "asynchronous" if getattr(comm_param, "async") else "synchronous"
     return (f"Gradient exchange: {name}, {algorithm}, {world.size} processes on {nodes} "

@@ -62,10 +62,28 @@ def build_schedule(layer_param_slices):
     return schedule
 
 
+def build_buckets(schedule, limit_bytes, itemsize):
+    """[[layer, ...], ...]: the layers of ``schedule`` in backward (descending) order, grouped
+    into buckets whose tensors are summed together in one transport call: a bucket closes once
+    its wire bytes reach ``limit_bytes`` (so a large layer is a bucket of its own, and small
+    ones share one collective instead of paying its latency each). A layer's tensors always
+    share a bucket; 0 makes every layer a bucket of its own."""
+    buckets, current, size = [], [], 0
+    for layer in sorted(schedule, reverse=True):
+        current.append(layer)
+        size += sum(sl.stop - sl.start for sl in schedule[layer]) * itemsize
+        if size >= limit_bytes:
+            buckets.append(current)
+            current, size = [], 0
+    if current:
+        buckets.append(current)
+    return buckets
+
+
 class _Trip:
     """One tensor's way through the exchange in one iteration."""
     __slots__ = ("sl", "codec", "transport", "tensor", "stat", "payload", "ctx", "host",
-                 "copied", "device_wire", "marks", "quantile")
+                 "copied", "device_wire", "marks", "quantile", "reduced")
 
 
 class Future:
@@ -83,6 +101,9 @@ class Future:
         self.error = error
         self._done.set()
 
+    def done(self):
+        return self._done.is_set()
+
     def wait(self):
         self._done.wait()
         if self.error is not None:
@@ -92,11 +113,18 @@ class Future:
 class Exchange(SolverCallback):
     """Averages the net's parameter gradients over ``world`` (see the module docstring).
 
+    :meth:`set_after_layer` (asynchronous mode, host arrays): a function of a finished layer's
+    slices of the flat diff, called in the update stage right after their decode, in the order
+    the layers finish, before the layer's future is done: the pipelined update
+    (engine.trainer.Trainer.update_early), wired by the composition root.
+
     ``world``: comm.mpi.World (or any world of engine.world with ``comm``); ``comm``: the solver's
     parsed ``comm`` block, already checked by comm.config.validate_comm; ``net``: an engine Net
     (``flat_data``, ``flat_diff``, ``layer_param_slices``, ``layers``); ``watchdog``: a
     comm.watchdog.Watchdog completing every collective (None: plain blocking waits).
     """
+
+    after_layer = None
 
     def __init__(self, world, comm, net, watchdog=None):
         self.world, self.net, self.watchdog = world, net, watchdog
@@ -116,34 +144,52 @@ class Exchange(SolverCallback):
         self.transports = {name: create_transport(name, world.comm, comm.processes_per_node,
                                                   waiter)
                            for name in sorted(set(self._transport_of.values()))}
+        self._layout_buckets(comm.bucket_kb * 1024)
         self._reserve_shared_buffers()
         self.timings = ExchangeTimes({}, self.codec.quantile_interval, self.asynchronous)
         self._buffers = {}
+        self._arrived = {}              # bucket -> futures of this iteration that reached it
         self._streams = {}
         self._futures = []
         self._launched = set()
         self._failed = False
+        self._threads = []
         if self.asynchronous:
-            self._queue = queue.Queue()
-            self._thread = threading.Thread(target=self._run, name="caffe8-comm", daemon=True)
-            self._thread.start()
+            self._start_stages()
+
+    def _layout_buckets(self, limit_bytes):
+        """Buckets of layers (``build_buckets``, sized in the configured codec's wire bytes;
+        gather codecs send every tensor by itself) and each tensor's place in its bucket's
+        wire buffer: ``_bucket_of[layer]``, ``_offset[(start, stop)]``, ``_bucket_size[b]``."""
+        item = numpy.dtype(self.codec.wire.dtype).itemsize if self.codec.reduction == "sum" \
+            else 1
+        limit = limit_bytes if self.codec.reduction == "sum" else 0
+        self.buckets = build_buckets(self.schedule, limit, item)
+        self._bucket_of, self._offset, self._bucket_size = {}, {}, []
+        for b, layers in enumerate(self.buckets):
+            n = 0
+            for layer in layers:
+                self._bucket_of[layer] = b
+                for sl in self.schedule[layer]:
+                    self._offset[(sl.start, sl.stop)] = n
+                    n += sl.stop - sl.start
+            self._bucket_size.append(n)
 
     def _reserve_shared_buffers(self):
         """Size each sum transport's node-shared arena for the wire buffers of the configured
-        codec (one per tensor, as ``_buffer`` takes them) and create it: collective, so here,
-        in the same order on every rank, before the communication thread starts. The float32
-        warm-up's buffers stay private: a few iterations are not worth four more bytes of
-        /dev/shm per parameter and process."""
+        codec (one per bucket, as ``_bucket_buffer`` takes them) and create it: collective, so
+        here, in the same order on every rank, before the communication thread starts. The
+        float32 warm-up's buffers stay private: a few iterations are not worth four more bytes
+        of /dev/shm per parameter and process."""
         need = {}
         for codec in (self.codec,):
             if codec.reduction != "sum":
                 continue
             name = self._transport_of[codec.name]
             item = numpy.dtype(codec.wire.dtype).itemsize
-            for sls in self.schedule.values():
-                for sl in sls:
-                    n = self._wire_length(sl.stop - sl.start, codec, self.transports[name])
-                    need[name] = need.get(name, 0) + n * item + ALIGN
+            for n in self._bucket_size:
+                n = self._wire_length(n, codec, self.transports[name])
+                need[name] = need.get(name, 0) + n * item + ALIGN
         self._reserved = sorted(need)
         for name in self._reserved:
             self.transports[name].reserve(need[name])
@@ -171,7 +217,7 @@ class Exchange(SolverCallback):
         if self.asynchronous:
             future = self.launch(layer_index)
             self._futures.append(future)
-            self._queue.put(future)
+            self._inboxes[0].put(future)
         else:
             self._futures.append(layer_index)
 
@@ -182,14 +228,11 @@ class Exchange(SolverCallback):
             for i in missing:
                 future = self.launch(i)
                 self._futures.append(future)
-                self._queue.put(future)
+                self._inboxes[0].put(future)
             futures = self._futures
         else:
-            futures = []
-            for i in self._futures + missing:
-                future = self.launch(i)
-                self._finish(future)
-                futures.append(future)
+            futures = [self.launch(i) for i in self._futures + missing]
+            self._run_inline(futures)
         layers, quantile = {}, 0.0
         for future in futures:
             try:
@@ -224,17 +267,18 @@ class Exchange(SolverCallback):
         are whole wire units."""
         return padded_length(n, codec.wire.unit, transport.parts)
 
-    def _buffer(self, key, codec, transport, n, dtype):
-        """The tensor's zero-padded wire buffer on the gradient's device (and its pinned host
+    def _bucket_buffer(self, b, codec, transport, dtype):
+        """Bucket ``b``'s zero-padded wire buffer on the gradient's device (and its pinned host
         mirror on the GPU), kept from one iteration to the next: fresh buffers of tens of MB
-        cost page faults every call. Encoders write only ``[:n]``; the padding stays zero."""
-        length = self._wire_length(n, codec, transport)
-        entry = self._buffers.get((key, codec.name))
+        cost page faults every call. Each tensor's encoder writes only its own span; the
+        padding stays zero."""
+        length = self._wire_length(self._bucket_size[b], codec, transport)
+        entry = self._buffers.get((b, codec.name))
         if entry is None or entry[0].size != length or entry[0].dtype != dtype:
             host = transport.host_buffer(length, dtype, shared=codec is self.codec)
             device = backend.get_array_module(self.net.flat_diff).zeros(length, dtype) \
                 if self.gpu else host
-            entry = self._buffers[(key, codec.name)] = (host, device)
+            entry = self._buffers[(b, codec.name)] = (host, device)
         return entry
 
     def launch(self, layer):
@@ -249,13 +293,14 @@ class Exchange(SolverCallback):
             trip = _Trip()
             trip.sl, trip.codec, trip.transport = sl, codec, transport
             trip.host = trip.device_wire = trip.copied = trip.payload = trip.ctx = None
+            trip.reduced = None
             trip.marks = {}
             key = (sl.start, sl.stop)
 
-            def buffer(n, dtype, trip=trip, key=key):
-                host, device = self._buffer(key, trip.codec, trip.transport, n, dtype)
-                trip.host, trip.device_wire = host, device
-                return device[:n]
+            def buffer(n, dtype, trip=trip, b=self._bucket_of[layer], at=self._offset[key]):
+                host, device = self._bucket_buffer(b, trip.codec, trip.transport, dtype)
+                trip.host, trip.device_wire = host[at:at + n], device[at:at + n]
+                return trip.device_wire
 
             trip.tensor = Tensor(key, self.net.flat_data[sl], self.iteration, self.world.size,
                                  transport.stages, buffer)
@@ -291,22 +336,35 @@ class Exchange(SolverCallback):
         else:
             trip.host = trip.payload if trip.codec.reduction == "gather" else trip.host
 
-    def complete(self, future):
-        """Communication side of one layer (the communication thread, or inline when sync)."""
+    def _prepare(self, future):
+        """On the CPU: each tensor's statistic, and its encode when no agreement comes first
+        (the encode stage, ahead of the transfers); nothing on the GPU (launch encoded)."""
+        if self.gpu:
+            return
+        for trip in future.trips:
+            if trip.payload is not None or trip.stat is not None:
+                continue
+            t = time.perf_counter()
+            trip.stat = trip.codec.local_stat(self.net.flat_diff[trip.sl], trip.tensor)
+            if trip.stat is not None:
+                trip.quantile += time.perf_counter() - t
+            else:
+                self._encode(trip, None)
+
+    def _transfer(self, future):
+        """Agreement (and then the encode) and the copy wait for each tensor of the layer, then
+        the reduction of its bucket once the bucket's last layer is in: every MPI call, so
+        always on one thread (the communication thread). Returns the futures whose reduction is
+        done (the layers of a completed bucket, in the order they came; for a gather codec the
+        layer itself)."""
         stream = self._stream(future.layer)
         times = future.times
         for trip in future.trips:
-            codec, transport = trip.codec, trip.transport
+            codec = trip.codec
             if self.watchdog is not None:
                 self.watchdog.at(self.iteration,
                                  f"layer '{self.net.layers[future.layer].name}'")
             times["quantile"] += trip.quantile
-            if trip.payload is None and trip.stat is None:    # the CPU: all on this side
-                t = time.perf_counter()
-                trip.stat = codec.local_stat(self.net.flat_diff[trip.sl], trip.tensor)
-                times["quantile"] += time.perf_counter() - t if trip.stat is not None else 0.0
-                if trip.stat is None:
-                    self._encode(trip, stream)
             if trip.payload is None:
                 t = time.perf_counter()
                 codec.agree(trip.tensor, max_over(self.world.comm, trip.stat,
@@ -318,34 +376,74 @@ class Exchange(SolverCallback):
                 t = time.perf_counter()
                 trip.copied.synchronize()
                 times["wait"] += time.perf_counter() - t
-            t1 = time.perf_counter()
-            n = trip.payload.size
-            if codec.reduction == "sum":
-                between = None
-                if codec.between_stages is not None:
-                    ctx = trip.ctx
-                    between = lambda piece: codec.between_stages(piece, ctx)  # noqa: E731
-                transport.sum(trip.host, codec.wire, between)
-                reduced = trip.host[:n]
-            else:
-                reduced = transport.gather(trip.host[:n], codec.varying)
-            t2 = time.perf_counter()
-            times["comm"] += t2 - t1
-            with _on(stream):
+            if codec.reduction != "sum":
+                t = time.perf_counter()
+                trip.reduced = trip.transport.gather(trip.host[:trip.payload.size],
+                                                     codec.varying)
+                times["comm"] += time.perf_counter() - t
+        if not future.trips or future.trips[0].codec.reduction != "sum":
+            return [self._copy_back(future)]
+        b = self._bucket_of[future.layer]
+        arrived = self._arrived.setdefault(b, [])
+        arrived.append(future)
+        if len(arrived) < len(self.buckets[b]):
+            return []
+        self._sum_bucket(b, arrived)
+        del self._arrived[b]
+        return [self._copy_back(f) for f in arrived]
+
+    def _sum_bucket(self, b, futures):
+        """One transport call over bucket ``b``'s wire buffer (every tensor of ``futures``);
+        its time is shared out to the layers by their element counts."""
+        first = futures[0].trips[0]
+        codec = first.codec
+        host, _ = self._bucket_buffer(b, codec, first.transport, codec.wire.dtype)
+        between = None
+        if codec.between_stages is not None:
+            ctx = first.ctx
+            between = lambda piece: codec.between_stages(piece, ctx)  # noqa: E731
+        t = time.perf_counter()
+        first.transport.sum(host, codec.wire, between)
+        seconds = time.perf_counter() - t
+        for f in futures:
+            n = 0
+            for trip in f.trips:
+                trip.reduced = trip.host[:trip.payload.size]
+                n += trip.payload.size
+            f.times["comm"] += seconds * n / max(self._bucket_size[b], 1)
+
+    def _copy_back(self, future):
+        """On the GPU, start each tensor's copy of its reduced bytes back to the device (on the
+        layer's stream); returns ``future``."""
+        if not self.gpu:
+            return future
+        stream = self._stream(future.layer)
+        with _on(stream):
+            for trip in future.trips:
                 trip.marks["h2d"] = self.clock.mark(stream)
-                if self.gpu:
-                    if codec.reduction == "sum":
-                        _copy_async(trip.device_wire.data.ptr, trip.host.ctypes.data,
-                                    reduced.nbytes, _H2D, stream)
-                        reduced = trip.device_wire[:n]
-                    else:
-                        reduced = [backend.cupy.asarray(row) for row in reduced]
+                if trip.codec.reduction == "sum":
+                    n = trip.payload.size
+                    _copy_async(trip.device_wire.data.ptr, trip.host.ctypes.data,
+                                trip.reduced.nbytes, _H2D, stream)
+                    trip.reduced = trip.device_wire[:n]
+                else:
+                    trip.reduced = [backend.cupy.asarray(row) for row in trip.reduced]
+        return future
+
+    def _settle(self, future):
+        """Decode every tensor of the layer into its gradient (the update stage on the CPU)."""
+        stream = self._stream(future.layer)
+        for trip in future.trips:
+            with _on(stream):
+                if not self.gpu:
+                    trip.marks["h2d"] = self.clock.mark(stream)
                 trip.marks["decode"] = self.clock.mark(stream)
-                codec.decode(reduced, trip.ctx, self.net.flat_diff[trip.sl])
+                trip.codec.decode(trip.reduced, trip.ctx, self.net.flat_diff[trip.sl])
                 trip.marks["done"] = self.clock.mark(stream)
+            trip.reduced = None
             if not self.gpu:
-                times["encode"] += trip.marks["encoded"] - trip.marks["encode"]
-                times["decode"] += trip.marks["done"] - trip.marks["decode"]
+                future.times["encode"] += trip.marks["encoded"] - trip.marks["encode"]
+                future.times["decode"] += trip.marks["done"] - trip.marks["decode"]
         if self.gpu:
             future.done_event = self.clock.mark(stream)
 
@@ -361,27 +459,85 @@ class Exchange(SolverCallback):
             times["h2d"] += s(m["h2d"], m["decode"])
             times["decode"] += s(m["decode"], m["done"])
 
-    # --- the communication thread ---------------------------------------------------------------
-    def _run(self):
-        backend.bind_thread()
-        while True:
-            future = self._queue.get()
-            if future is None:
-                return
-            self._finish(future)
+    # --- the stages -------------------------------------------------------------------------------
+    #: (thread name, method) of the stages a layer's future passes through, in order. On the
+    #: CPU three, so that no host work holds up the link: an encode stage (statistic and encode
+    #: of the next layers while the current one is on the wire), the communication thread
+    #: (agreement, reduction: every MPI call) and an update stage (decode, then ``after_layer``).
+    #: On the GPU the compute thread launched the encode: the communication thread, then a
+    #: decode stage that launches the decode on the layer's stream.
+    CPU_STAGES = (("caffe8-encode", "_prepare"), ("caffe8-comm", "_transfer"),
+                  ("caffe8-update", "_settle_and_update"))
+    GPU_STAGES = (("caffe8-comm", "_transfer"), ("caffe8-decode", "_settle"))
 
-    def _finish(self, future):
-        """Run ``complete`` and settle the future with its outcome."""
-        if self._failed:      # after a failure: no more MPI traffic, just release waiters
+    def _stages(self):
+        return self.GPU_STAGES if self.gpu else self.CPU_STAGES
+
+    def _start_stages(self):
+        stages = self._stages()
+        self._inboxes = [queue.Queue() for _ in stages]
+        for k, (name, work) in enumerate(stages):
+            thread = threading.Thread(target=self._run_stage, args=(k, work), name=name,
+                                      daemon=True)
+            thread.start()
+            self._threads.append(thread)
+
+    def _step(self, work, future):
+        """Run stage ``work`` on ``future``; returns the futures to pass on (the communication
+        stage holds a layer back until its bucket is summed). A failure settles the future with
+        its error, and every later step only releases waiters: no more MPI traffic."""
+        if future.done():
+            return [future]
+        if self._failed:
             future.set_done(CaffeError("an earlier layer's exchange failed"))
-            return
+            return [future]
         try:
-            self.complete(future)
-        except BaseException as exc:   # surfaces in the compute thread with the layer name
+            out = getattr(self, work)(future)
+        except BaseException as exc:          # surfaces in the compute thread, with the layer
             self._failed = True
-            future.set_done(exc)
-        else:
-            future.set_done()
+            # the layers held for a bucket's sum are released with the same error
+            held = [f for fs in self._arrived.values() for f in fs if f is not future]
+            self._arrived.clear()
+            for f in [future] + held:
+                f.set_done(exc)
+            return [future] + held
+        return [future] if out is None else out
+
+    def _run_stage(self, k, work):
+        backend.bind_thread()
+        inbox = self._inboxes[k]
+        outbox = self._inboxes[k + 1] if k + 1 < len(self._inboxes) else None
+        while True:
+            future = inbox.get()
+            if future is None:
+                if outbox is not None:
+                    outbox.put(None)
+                return
+            for f in self._step(work, future):
+                if outbox is not None:
+                    outbox.put(f)
+                elif not f.done():
+                    f.set_done()
+
+    def _run_inline(self, futures):
+        """Synchronous mode: every stage for every layer, in the order they came, here."""
+        for _, work in self._stages():
+            futures = [f for future in futures for f in self._step(work, future)]
+        for f in futures:
+            if not f.done():
+                f.set_done()
+
+    def _settle_and_update(self, future):
+        self._settle(future)
+        if self.after_layer is not None:
+            self.after_layer([trip.sl for trip in future.trips])
+
+    def set_after_layer(self, fn):
+        """Call ``fn(slices)`` for each exchanged layer in the update stage (see the class
+        docstring); asynchronous exchanges of host arrays only."""
+        if not self.asynchronous or self.gpu:
+            raise ValueError("after_layer needs an asynchronous exchange of host arrays")
+        self.after_layer = fn
 
     # --- state, checks, end ---------------------------------------------------------------------
     def state(self):
@@ -415,10 +571,11 @@ class Exchange(SolverCallback):
     def close(self):
         """End the communication thread; free communicators unless an exchange failed (a rank
         may then still be inside a collective on them, and the job is being aborted)."""
-        if self.asynchronous and self._thread.is_alive():
-            self._queue.put(None)
-            self._thread.join(timeout=10)
-            if self._thread.is_alive():
+        if any(t.is_alive() for t in self._threads):
+            self._inboxes[0].put(None)
+            for thread in self._threads:
+                thread.join(timeout=10)
+            if any(t.is_alive() for t in self._threads):
                 return
         if self._failed:
             return

@@ -63,6 +63,7 @@ class Trainer:
             self.close()  # the nets built so far hold files and prefetch threads
             raise
         self._last_pass = True
+        self._early = self._early_slices = None
         self.net.add_backward_hook(self._after_backward)
         self.losses = []
         self.smoothed_loss = 0.0
@@ -244,8 +245,7 @@ class Trainer:
             for cb in self.callbacks:
                 cb.on_start()
             # the passes' losses stay on the device; one host read per iteration
-            loss = sum(self._forward_backward(k == p.iter_size - 1) for k in range(p.iter_size))
-            loss = float(loss) / p.iter_size
+            loss = float(self._forward_backward(p.iter_size)) / p.iter_size
             self._update_smoothed_loss(loss, start_iter)
             if p.display and self.iter % p.display == 0:
                 now = time.perf_counter()
@@ -259,9 +259,13 @@ class Trainer:
             for cb in self.callbacks:
                 cb.on_gradients_ready()  # async exchange: waits for the thread that ran in backward
             wait = time.perf_counter() - t_wait
-            flags = self._agreed_flags(loss)
+            done = ()
+            if self._early is not None:             # the pipelined update ran during backward
+                flags, done = self._early_flags()
+            else:
+                flags = self._agreed_flags(loss)
             if self._gradients_finite(flags):
-                self.solver.apply_update()
+                self.solver.apply_update(done=done)
             if self.timing is not None:
                 self.timing.end_iteration(self.iter - 1, time.perf_counter() - t0, wait)
             if progress is not None:
@@ -273,9 +277,70 @@ class Trainer:
                 self.stopped_early = True
                 break
 
-    def _forward_backward(self, last_pass):
-        self._last_pass = last_pass
-        return self.net.forward_backward(as_float=False)
+    def _forward_backward(self, passes):
+        """``passes`` forward/backward passes (iter_size); their summed loss (on the device).
+        With the pipelined update, the last pass's loss is agreed on before its backward."""
+        total = 0.0
+        for k in range(passes):
+            self._last_pass = k == passes - 1
+            total = total + self.net.forward_loss(as_float=False)
+            if self._last_pass and self.pipelined_update:
+                self._start_early_update(float(total) / passes)
+            self.net.backward()
+        return total
+
+    # --- the pipelined update ----------------------------------------------------------------------
+    #: set by the wiring when an asynchronous exchange calls :meth:`update_early` per layer
+    pipelined_update = False
+
+    def _start_early_update(self, loss):
+        """Before the last backward: agree on the loss verdict and pending requests (one tiny
+        allreduce, while no exchange is in flight), so that layers can be updated as soon as
+        their exchanged gradients arrive. The gradients themselves need no agreement: after the
+        exchange they are the same bits on every rank, so every rank reaches the same verdict."""
+        flags, self._requests = self._requests | (0 if math.isfinite(loss) else _NONFINITE), 0
+        flags = self.world.allreduce_or(flags)
+        self._early = {"flags": flags, "ok": not flags & _NONFINITE, "done": set(),
+                       "index": self._early_index()}
+
+    def _early_index(self):
+        """{(start, stop) of a param in the flat diff: its learnable index} (host buffers)."""
+        if self._early_slices is None:
+            base = self.net.flat_diff.__array_interface__["data"][0]
+            item = self.net.flat_diff.itemsize
+            self._early_slices = {}
+            for i, p in enumerate(self.net.learnable_params):
+                start = (p.diff.__array_interface__["data"][0] - base) // item
+                self._early_slices[(start, start + p.diff.size)] = i
+        return self._early_slices
+
+    def update_early(self, slices):
+        """Called by the exchange (its communication thread) when the gradients of ``slices``
+        (of the flat diff) are exchanged: update those params now, overlapping the rest of
+        backward and the other layers' exchanges. A non-finite gradient stops the early updates
+        of this iteration (that layer and the later ones are left to the end of the iteration's
+        check; the layers already updated keep their update)."""
+        early = self._early
+        if early is None or not early["ok"]:
+            return
+        index = [early["index"][(sl.start, sl.stop)] for sl in slices
+                 if (sl.start, sl.stop) in early["index"]]
+        if not all(self.solver.gradients_finite(self.net.learnable_params[i].diff)
+                   for i in index):
+            early["ok"] = False
+            return
+        self.solver.update_early(index)
+        early["done"].update(index)
+
+    def _early_flags(self):
+        """(flags, params already updated) of the iteration with the pipelined update: the flags
+        agreed before backward, non-finite when an early update found a non-finite gradient or a
+        param left for the end holds one (a local check: the exchanged gradients are the same
+        bits on every rank)."""
+        early, self._early = self._early, None
+        rest = [p.diff for i, p in enumerate(self.net.learnable_params) if i not in early["done"]]
+        finite = early["ok"] and all(self.solver.gradients_finite(d) for d in rest)
+        return early["flags"] | (0 if finite else _NONFINITE), early["done"]
 
     def _consistency_check(self):
         """Every K iterations all ranks compare a checksum of their parameters."""

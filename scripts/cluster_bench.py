@@ -162,7 +162,8 @@ def run_caffe8(cluster, args, solver, run_dir, codec, asynchronous, nodes, ppn):
     import _runs
     p = nodes * ppn
     solver_copy = _runs.write_run_prototxts(solver, run_dir, _net_batch(solver), codec,
-                                            asynchronous, ppn if p > 1 else 0, args.iters)
+                                            asynchronous, ppn if p > 1 else 0, args.iters,
+                                            comm_extra=_runs.comm_settings(args.comm_set))
     logs = [os.path.join(run_dir, f"timing.r{r}.jsonl") for r in range(p)]
     for path in logs:
         if os.path.exists(path):
@@ -344,6 +345,8 @@ def main(argv=None):
     ap.add_argument("--rounds", type=int, default=2, help="interleaved rounds")
     ap.add_argument("--out", default=os.path.join(REPO, "runs", "cluster"))
     ap.add_argument("--csv", default=os.path.join(REPO, "runs", "cluster", "cluster_bench.csv"))
+    ap.add_argument("--comm-set", default="",
+                    help="more comm block fields for the caffe8 runs, FIELD=VALUE,...")
     ap.add_argument("--prefix", default="c8b", help="namespace prefix of the cluster")
     ap.add_argument("--timeout", type=float, default=600)
     ap.add_argument("--python", default=sys.executable)

@@ -101,17 +101,37 @@ class SGDSolver:
         return float(self.rate_dtype.type(r.rate))
 
     # --- the update -----------------------------------------------------------------------------
-    def apply_update(self):
-        """One Caffe update step on the net's accumulated diffs; advances ``iter`` by one."""
+    def apply_update(self, done=()):
+        """One Caffe update step on the net's accumulated diffs; advances ``iter`` by one.
+
+        ``done``: indices of learnable params whose update :meth:`update_early` already applied
+        in this iteration (the pipelined update); they are left alone."""
         rate = self._advance_rate()
         if self.param.display and self.iter % self.param.display == 0:
             self.log(f"Iteration {self.iter}, lr = {format_g(rate)}")
         self.clip_gradients()
         for i in range(len(self.net.learnable_params)):
+            if i in done:
+                continue
             self.normalize(i)
             self.regularize(i)
             self.update_param(i, rate)
         self.iter += 1
+
+    def supports_early_update(self):
+        """Can params be updated one layer at a time as their gradients become final
+        (:meth:`update_early`)? Not with ``clip_gradients``, whose scale needs every gradient."""
+        return self.param.clip_gradients < 0
+
+    def update_early(self, indices):
+        """Update the learnable params ``indices`` now, with this iteration's rate, exactly as
+        the coming :meth:`apply_update` would (it then skips them: pass them as ``done``). Every
+        param's update reads only its own data, diff and history, so the order is free."""
+        rate = self.learning_rate()
+        for i in indices:
+            self.normalize(i)
+            self.regularize(i)
+            self.update_param(i, rate)
 
     def update_param(self, i, rate):
         """diff = update value of param i (``compute_update_value``), then w -= diff (param i's

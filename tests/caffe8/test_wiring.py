@@ -30,6 +30,8 @@ def comm(text=""):
      "Gradient exchange: fp8 (ratio, q=0.95, fp32 for the first 20 iterations), hierarchical, "
      "8 processes on 4 nodes, asynchronous"),
     ('codec: "fp32"', FakeWorld(2, ["a", "b"]),
+     "Gradient exchange: fp32, hierarchical, 2 processes on 2 nodes, asynchronous"),
+    ('codec: "fp32" algorithm: "flat"', FakeWorld(2, ["a", "b"]),
      "Gradient exchange: fp32, flat, 2 processes on 2 nodes, asynchronous"),
     ('codec: "fp16" algorithm: "ring"', FakeWorld(3, ["a", "b", "c"]),
      "Gradient exchange: fp16, ring, 3 processes on 3 nodes, asynchronous"),

@@ -27,13 +27,16 @@ def _exchange(monkeypatch, asynchronous, codec="fp32"):
     ex = Exchange(SingleProcessWorld(), parse_comm(f'codec: "{codec}" async: '
                                                    f'{str(asynchronous).lower()}'), net)
     calls = []
-    complete = ex.complete
-
-    def recording(future):
-        calls.append((threading.current_thread().name, future.layer))
-        complete(future)
-    monkeypatch.setattr(ex, "complete", recording)
+    for stage in ("_prepare", "_transfer", "_settle"):
+        def recording(future, run=getattr(ex, stage), stage=stage):
+            calls.append((stage, threading.current_thread().name, future.layer))
+            return run(future)
+        monkeypatch.setattr(ex, stage, recording)
     return net, ex, calls
+
+
+def _transfers(calls):
+    return [(thread, layer) for stage, thread, layer in calls if stage == "_transfer"]
 
 
 @pytest.mark.parametrize("asynchronous", [False, True])
@@ -43,7 +46,14 @@ def test_every_layer_once_per_iteration_in_backward_order(monkeypatch, asynchron
     for _ in range(2):
         iterate(ex, net)
     ex.close()
-    assert calls == 2 * [("caffe8-comm" if asynchronous else "MainThread", i) for i in (3, 2, 0)]
+    assert _transfers(calls) == 2 * [("caffe8-comm" if asynchronous else "MainThread", i)
+                                     for i in (3, 2, 0)]
+    # on the CPU the encode and the decode have stages of their own, so the link never waits
+    # for host work; each stage sees the layers in backward order
+    threads = {"_prepare": "caffe8-encode", "_settle": "caffe8-update"}
+    for stage in threads:
+        assert [c[1:] for c in calls if c[0] == stage] == 2 * [
+            (threads[stage] if asynchronous else "MainThread", i) for i in (3, 2, 0)]
     assert numpy.array_equal(net.flat_diff, grads)       # the mean over one process, exactly
     assert ex.iteration == 2 and ex.timings.asynchronous is asynchronous
     assert set(ex.timings.layers) == {0, 2, 3}
@@ -56,20 +66,67 @@ def test_a_layer_whose_hook_never_came_is_exchanged_before_the_update(monkeypatc
     net, ex, calls = _exchange(monkeypatch, asynchronous)
     iterate(ex, net, layers=[3, 0])
     ex.close()
-    assert [layer for _, layer in calls] == [3, 0, 2]
+    assert [layer for _, layer in _transfers(calls)] == [3, 0, 2]
 
 
 def test_an_error_surfaces_with_the_layer_name_and_stops_the_exchange(monkeypatch):
     net, ex, calls = _exchange(monkeypatch, True)
 
-    def broken(reduced, ctx, out):
+    sums = []
+
+    def broken(buf, wire, between=None):
+        sums.append(buf.size)
         raise RuntimeError("link down")
-    monkeypatch.setattr(ex.fp32, "decode", broken)
-    monkeypatch.setattr(ex.codec, "decode", broken)
+    for transport in ex.transports.values():
+        monkeypatch.setattr(transport, "sum", broken)
     with pytest.raises(CaffeError, match="layer 'layer3'.*link down"):
         iterate(ex, net)
+    with pytest.raises(CaffeError, match="earlier layer's exchange failed"):
+        iterate(ex, net)
     ex.close()
-    assert len(calls) == 1                                # no MPI traffic after the failure
+    assert len(sums) == 1                                # no MPI traffic after the failure
+    assert not [c for c in calls if c[0] == "_settle"]   # nothing decoded from a failed sum
+
+
+@pytest.mark.parametrize("asynchronous", [False, True])
+def test_small_layers_share_a_bucket_and_keep_their_bits(monkeypatch, asynchronous):
+    from engine.prototxt import parse_text
+    from comm.exchange import build_buckets
+    schedule = {i: [slice(0, n)] for i, n in enumerate((10, 300, 20, 30, 700, 5))}
+    # backward order, closing once 1000 bytes (of 1-byte wire items) are in
+    assert build_buckets(schedule, 1000, 1) == [[5, 4, 3, 2, 1], [0]]
+    assert build_buckets(schedule, 0, 1) == [[5], [4], [3], [2], [1], [0]]
+    results = {}
+    for kb in (0, 1024):
+        net = FakeNet(*make_tensors(0))
+        comm = parse_comm(f'codec: "fp8" async: {str(asynchronous).lower()} bucket_kb: {kb}')
+        ex = Exchange(SingleProcessWorld(), comm, net)
+        sums = []
+        for transport in ex.transports.values():
+            real = transport.sum
+            monkeypatch.setattr(transport, "sum", lambda buf, wire, between=None, real=real:
+                                (sums.append(buf.size), real(buf, wire, between))[1])
+        for _ in range(2):
+            iterate(ex, net)
+        ex.close()
+        # every layer by itself (3 layers with tensors), or the whole small net in one bucket
+        assert len(sums) == 2 * (3 if kb == 0 else 1)
+        assert ex.buckets == ([[3], [2], [0]] if kb == 0 else [[3, 2, 0]])
+        results[kb] = net.flat_diff.copy()
+    assert results[0].tobytes() == results[1024].tobytes()
+
+
+@pytest.mark.parametrize("asynchronous", [False, True])
+def test_a_decode_error_surfaces_with_the_layer_name(monkeypatch, asynchronous):
+    net, ex, calls = _exchange(monkeypatch, asynchronous)
+
+    def broken(reduced, ctx, out):
+        raise RuntimeError("bad bytes")
+    monkeypatch.setattr(ex.fp32, "decode", broken)
+    monkeypatch.setattr(ex.codec, "decode", broken)
+    with pytest.raises(CaffeError, match="layer 'layer3'.*bad bytes"):
+        iterate(ex, net)
+    ex.close()
 
 
 def test_quantile_pass_is_recorded_for_the_timing_log():

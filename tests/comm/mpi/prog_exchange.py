@@ -32,9 +32,10 @@ except CaffeError as err:
 # layer 2's future averages its two tensors and leaves the others alone
 grads, w = make_tensors(rank)
 net = FakeNet(grads, w)
-ex = Exchange(world, parse_comm('codec: "fp32" processes_per_node: 2 async: false'), net)
+ex = Exchange(world, parse_comm('codec: "fp32" processes_per_node: 2 async: false bucket_kb: 0'),
+              net)
 before = net.flat_diff.copy()
-ex.complete(ex.launch(2))
+ex._run_inline([ex.launch(2)])        # layer 2 alone: with bucket_kb 0 it is its own bucket
 touched = numpy.zeros(net.flat_diff.size, bool)
 for _, sl in net.layer_param_slices[2]:
     touched[sl] = True
