@@ -105,7 +105,7 @@ class TimingLog:
             layers.append(rec)
         fb = sum(fwd.values()) + sum(bwd.values())
         total = {ph: sum(r[ph] for r in layers) for ph in PHASES}
-        # Seed figures 5-6: the quantile pass runs every N iterations, so it is charged 1/N.
+        # Oyama et al.'s figures 5-6: the quantile pass runs every N iterations, so it is charged 1/N.
         quantile = ex.quantile_pass / max(1, ex.quantile_interval)
         split = {"ForwardBackward": fb, "D2H": total["d2h"],
                  "Communication": total["comm"] + total["encode"] + total["decode"],
@@ -119,7 +119,8 @@ class TimingLog:
         # so the split's mean over N iterations adds up to the mean wall time.
         spent = sum(split.values()) - split["Quantile"] + total["quantile"]
         split["Other"] = max(0.0, wall_seconds - spent)
-        record = {"iteration": iteration, "rank": self.rank, "wall": wall_seconds,
+        record = {"iteration": iteration, "rank": self.rank,
+                  "start": time.time() - wall_seconds, "wall": wall_seconds,
                   "split": split, "layers": layers}
         os.write(self.file, (json.dumps(record) + "\n").encode())
 

@@ -24,12 +24,17 @@ times in the same order, the same sum losses; SGD with the solver's lr and momen
 A point's time per iteration is the median over ranks' slowest and iterations after ``--skip``
 (caffe8: the timing log's ``wall``, which covers clearing diffs, forward/backward, exchange and
 update; DDP: ``zero_grad`` to the end of ``step``). "Exposed communication" is that minus the same
-side's one-process time of the same net (``--baseline``, run once per round on node 0 with no
-exchange at all): what the exchange adds to an iteration. The link's byte counters are read
-before and after every run (``link_mb``: megabytes node 0 sent per iteration).
+side's one-process time of the same net (run once per round on node 0 with no exchange at
+all): what the exchange adds to an iteration. The link's byte counter is read
+every 10 ms during a run (``link_mb``: megabytes node 0 sent per measured iteration, between
+the first measured iteration's start and the last one's end, from the timing records' start
+times).
 
 Writes ``--csv`` (one row per point and round, and the medians over rounds as ``round = all``)
-and a PNG beside it (per-iteration time and exposed communication per variant).
+and a PNG beside it (per-iteration time and exposed communication per variant); with layouts of
+one process per node on more than one node count, also ``<csv>_weak.csv`` / ``.png`` (weak
+scaling: speedup over the one-process run against the node count). ``mpi-fp32`` is the
+reference transfer: one plain MPI_Allreduce of all the net's float32 gradients per iteration.
 """
 import argparse
 import json
@@ -46,7 +51,8 @@ sys.path[:0] = [p for p in (HERE, REPO) if p not in sys.path]
 NETS = {"caffenet": "prototxt/caffenet_emulated/solver.prototxt",
         "googlenet": "prototxt/googlenet_emulated/solver.prototxt"}
 FIELDS = ("net", "layout", "nodes", "ppn", "rate", "variant", "round", "iterations",
-          "iter_ms", "exposed_ms", "baseline_ms", "comm_ms", "link_mb", "load_1min")
+          "iter_ms", "exposed_ms", "baseline_ms", "comm_ms", "transfer_ms", "link_mb",
+          "link_use", "load_1min")
 
 
 # --- the DDP side ------------------------------------------------------------------------------
@@ -118,8 +124,9 @@ def ddp_worker(args):
         model.register_comm_hook(None, default_hooks.fp16_compress_hook)
     opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum)
     x = torch.zeros(1)
-    walls = []
+    walls, starts = [], []
     for _ in range(args.iters):
+        starts.append(time.time())
         t0 = time.perf_counter()
         opt.zero_grad()
         model(x).backward()
@@ -128,9 +135,34 @@ def ddp_worker(args):
     gathered = [None] * size
     dist.all_gather_object(gathered, walls) if size > 1 else gathered.__setitem__(0, walls)
     if rank == 0:
-        print("DDP-RESULT " + json.dumps([max(w) for w in zip(*gathered)]), flush=True)
+        print("DDP-RESULT " + json.dumps({"walls": [max(w) for w in zip(*gathered)],
+                                          "starts": starts}), flush=True)
     if size > 1:
         dist.destroy_process_group()
+    return 0
+
+
+def mpi_worker(args):
+    """The reference transfer: a plain blocking MPI_Allreduce (MPI_SUM, in place) of the net's
+    float32 gradients as one vector, with caffe8's MPICH settings (comm.mpi.apply_settings),
+    after a barrier each time; prints JSON on rank 0 as the DDP worker does."""
+    import numpy
+    from comm.mpi import apply_settings, mpi_module
+    apply_settings()
+    MPI = mpi_module()
+    comm = MPI.COMM_WORLD
+    groups, _ = emulated_layers(args.solver)
+    n = sum(int(numpy.prod(shape)) for _, shapes, _, _ in groups for shape in shapes)
+    buf = numpy.ones(n, numpy.float32)
+    walls, starts = [], []
+    for _ in range(args.iters):
+        comm.Barrier()
+        starts.append(time.time())
+        t0 = time.perf_counter()
+        comm.Allreduce(MPI.IN_PLACE, buf, MPI.SUM)
+        walls.append(comm.allreduce(time.perf_counter() - t0, op=MPI.MAX))
+    if comm.Get_rank() == 0:
+        print("DDP-RESULT " + json.dumps({"walls": walls, "starts": starts}), flush=True)
     return 0
 
 
@@ -151,10 +183,12 @@ def parse_variant(text):
     parts = text.split("-")
     if parts[0] == "ddp" and len(parts) == 2 and parts[1] in ("fp32", "fp16"):
         return "ddp", parts[1], None
+    if text == "mpi-fp32":
+        return "mpi", "fp32", None
     if parts[0] == "c8" and len(parts) == 3 and parts[2] in ("sync", "async"):
         return "caffe8", parts[1], parts[2] == "async"
     raise SystemExit(f"cluster_bench: error: unknown variant {text!r} (c8-<codec>-<sync|async>, "
-                     f"ddp-fp32, ddp-fp16)")
+                     f"ddp-fp32, ddp-fp16, mpi-fp32)")
 
 
 def run_caffe8(cluster, args, solver, run_dir, codec, asynchronous, nodes, ppn):
@@ -184,20 +218,81 @@ def run_caffe8(cluster, args, solver, run_dir, codec, asynchronous, nodes, ppn):
         if rec["iteration"] >= args.skip:
             it = rec["iteration"]
             comm[it] = max(comm.get(it, 0.0), rec["split"]["Communication"])
-    return [walls[i] for i in sorted(walls)], statistics.median(comm.values())
+    mine = sorted((r for r in records if r["rank"] == 0 and r["iteration"] >= args.skip),
+                  key=lambda r: r["iteration"])
+    window = (mine[0]["start"], mine[-1]["start"] + mine[-1]["wall"], len(mine))
+    # the transfers alone (per-layer "comm": the reductions, without encode and decode)
+    wire = statistics.median(sum(layer["comm"] for layer in r["layers"]) for r in mine)
+    return [walls[i] for i in sorted(walls)], (statistics.median(comm.values()), wire), window
 
 
 def run_ddp(cluster, args, solver, run_dir, variant, nodes, ppn):
+    """A DDP run (or, for ``mpi-fp32``, the MPI_Allreduce reference): the workers' timings."""
     os.makedirs(run_dir, exist_ok=True)
     log = os.path.join(run_dir, "ddp.log")
-    argv = [args.python, os.path.abspath(__file__), "--ddp-worker", "--variant", variant,
+    worker = "--mpi-worker" if variant == "mpi-fp32" else "--ddp-worker"
+    argv = [args.python, os.path.abspath(__file__), worker, "--variant", variant,
             "--solver", solver, "--iters", str(args.iters), "--master", cluster.address(0)]
     rc = _cluster_run(cluster, argv, ppn, log, args.timeout, nodes=nodes)
     with open(log, encoding="utf-8", errors="replace") as f:
         lines = [ln for ln in f if ln.startswith("DDP-RESULT ")]
     if rc != 0 or not lines:
         raise RuntimeError(f"DDP run failed (rc {rc}); see {log}")
-    return json.loads(lines[-1].split(" ", 1)[1])[args.skip:], 0.0
+    result = json.loads(lines[-1].split(" ", 1)[1])
+    walls, starts = result["walls"][args.skip:], result["starts"][args.skip:]
+    transfer = statistics.median(walls) if variant == "mpi-fp32" else 0.0
+    return walls, (0.0, transfer), (starts[0], starts[-1] + walls[-1], len(walls))
+
+
+class LinkSampler:
+    """Node 0's link counter (bytes sent), read every ``period`` seconds while a job runs, from
+    ``/proc/<pid>/net/dev`` of a process inside the node's namespace (a file read: no process
+    is started per sample, so sampling costs the job nothing measurable)."""
+
+    def __init__(self, cluster, period=0.01):
+        import threading
+        self.cluster, self.period, self.samples = cluster, period, []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _pid(self):
+        out = subprocess.run(["ip", "netns", "pids", self.cluster.ns(0)], capture_output=True,
+                             text=True).stdout.split()
+        return out[0] if out else None
+
+    def _read(self, pid):
+        from emulated_cluster import IFACE
+        with open(f"/proc/{pid}/net/dev", encoding="ascii") as f:
+            for line in f:
+                name, _, rest = line.partition(":")
+                if name.strip() == IFACE:
+                    return int(rest.split()[8])         # transmit bytes
+        return None
+
+    def _run(self):
+        pid = None
+        while not self._stop.wait(self.period):
+            try:
+                pid = pid or self._pid()
+                value = self._read(pid) if pid else None
+            except OSError:
+                pid, value = None, None
+            if value is not None:
+                self.samples.append((time.time(), value))
+
+    def stop(self):
+        self._stop.set()
+        self._thread.join()
+
+    def sent(self, start, end):
+        """Bytes sent between the epoch times ``start`` and ``end`` (linear between samples);
+        None when the samples do not cover that window."""
+        import numpy
+        if len(self.samples) < 2 or self.samples[0][0] > start or self.samples[-1][0] < end:
+            return None
+        t, v = numpy.array(self.samples, dtype=float).T
+        return float(numpy.interp(end, t, v) - numpy.interp(start, t, v))
 
 
 def _cluster_run(cluster, argv, ppn, log, timeout, mpmd=False, nodes=None):
@@ -256,10 +351,10 @@ def sweep(args):
 def _round(cluster, args, net, rate, rnd, layouts, variants):
     solver = os.path.join(REPO, NETS.get(net, net))
     rows, base = [], {}
-    for side in sorted({kind for _, (kind, _, _) in variants}):
+    for side in sorted({kind for _, (kind, _, _) in variants} - {"mpi"}):
         d = os.path.join(args.out, net, f"base_{side}")
-        walls, _ = (run_caffe8(cluster, args, solver, d, "fp32", False, 1, 1) if side == "caffe8"
-                    else run_ddp(cluster, args, solver, d, "ddp-fp32", 1, 1))
+        walls = (run_caffe8(cluster, args, solver, d, "fp32", False, 1, 1) if side == "caffe8"
+                 else run_ddp(cluster, args, solver, d, "ddp-fp32", 1, 1))[0]
         base[side] = statistics.median(walls)
         print(f"[{rate} round {rnd}] {net} 1 process {side}: {base[side] * 1e3:.1f} ms",
               flush=True)
@@ -267,21 +362,31 @@ def _round(cluster, args, net, rate, rnd, layouts, variants):
         for name, (kind, codec, asynchronous) in variants:
             run_dir = os.path.join(args.out, net, rate, f"{nodes}x{ppn}", name)
             load = os.getloadavg()[0]
-            before = cluster.counters()[cluster.host(0)]["tx_bytes"]
+            sampler = LinkSampler(cluster)
             try:
-                walls, comm = (run_caffe8(cluster, args, solver, run_dir, codec, asynchronous,
-                                          nodes, ppn) if kind == "caffe8"
-                               else run_ddp(cluster, args, solver, run_dir, name, nodes, ppn))
+                walls, comm, window = (
+                    run_caffe8(cluster, args, solver, run_dir, codec, asynchronous, nodes, ppn)
+                    if kind == "caffe8" else run_ddp(cluster, args, solver, run_dir, name, nodes,
+                                                     ppn))
             except RuntimeError as e:
                 print(f"FAILED {net} {rate} {nodes}x{ppn} {name}: {e}", file=sys.stderr)
                 continue
-            sent = cluster.counters()[cluster.host(0)]["tx_bytes"] - before
+            finally:
+                sampler.stop()
+            sent = sampler.sent(window[0], window[1])
             it = statistics.median(walls)
             row = {"net": net, "layout": f"{nodes}x{ppn}", "nodes": nodes, "ppn": ppn,
                    "rate": rate, "variant": name, "round": rnd, "iterations": len(walls),
-                   "iter_ms": it * 1e3, "exposed_ms": (it - base[kind]) * 1e3,
-                   "baseline_ms": base[kind] * 1e3, "comm_ms": comm * 1e3,
-                   "link_mb": sent / 1e6 / args.iters, "load_1min": load}
+                   "iter_ms": it * 1e3, "exposed_ms": (it - base.get(kind, it)) * 1e3,
+                   "baseline_ms": base.get(kind, 0.0) * 1e3, "comm_ms": comm[0] * 1e3,
+                   "transfer_ms": comm[1] * 1e3,
+                   "link_mb": float("nan") if sent is None else sent / 1e6 / window[2],
+                   "load_1min": load}
+            # the link's use by the transfers: bytes node 0 sent per iteration over the wire time
+            # they would take at the link's rate, divided by the measured transfer time
+            from emulated_cluster import parse_rate
+            wire_s = row["link_mb"] * 8e6 / parse_rate(rate)
+            row["link_use"] = wire_s / comm[1] if comm[1] > 0 else float("nan")
             rows.append(row)
             print(f"[{rate} round {rnd}] {net} {nodes}x{ppn} {name:14s} {it * 1e3:8.1f} ms/iter "
                   f"exposed {row['exposed_ms']:7.1f} ms  link {row['link_mb']:7.1f} MB/iter",
@@ -298,7 +403,8 @@ def summarise(rows):
     out = []
     for pts in points.values():
         row = dict(pts[0], round="all", iterations=sum(p["iterations"] for p in pts))
-        for k in ("iter_ms", "exposed_ms", "baseline_ms", "comm_ms", "link_mb", "load_1min"):
+        for k in ("iter_ms", "exposed_ms", "baseline_ms", "comm_ms", "transfer_ms", "link_mb",
+                  "link_use", "load_1min"):
             row[k] = statistics.median(p[k] for p in pts)
         out.append(row)
     return out
@@ -332,6 +438,53 @@ def plot(rows, path):
     plt.close(fig)
 
 
+WEAK_FIELDS = ("net", "rate", "variant", "nodes", "iter_ms", "samples_s", "speedup",
+               "efficiency")
+
+
+def weak_scaling(rows):
+    """Weak scaling over the layouts of one process per node: the per-process batch is fixed, so
+    N nodes do N times the work; speedup = N x one-process time / iteration time (1 node: the
+    one-process run of the same side, no exchange)."""
+    out = []
+    for r in summarise(rows):
+        if r["ppn"] != 1:
+            continue
+        batch = _net_batch(os.path.join(REPO, NETS.get(r["net"], r["net"])))
+        base = r["baseline_ms"]
+        for nodes, it in ((1, base), (r["nodes"], r["iter_ms"])):
+            out.append({"net": r["net"], "rate": r["rate"], "variant": r["variant"],
+                        "nodes": nodes, "iter_ms": it, "samples_s": batch * nodes / it * 1e3,
+                        "speedup": nodes * base / it, "efficiency": base / it})
+    unique = {(o["net"], o["rate"], o["variant"], o["nodes"]): o for o in out}
+    return sorted(unique.values(), key=lambda o: (o["net"], o["rate"], o["variant"], o["nodes"]))
+
+
+def plot_weak(points, path):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    panels = sorted({(p["net"], p["rate"]) for p in points})
+    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4), squeeze=False)
+    for ax, (net, rate) in zip(axes[0], panels):
+        for variant in sorted({p["variant"] for p in points}):
+            pts = sorted((p for p in points if (p["net"], p["rate"], p["variant"]) ==
+                          (net, rate, variant)), key=lambda p: p["nodes"])
+            if len(pts) > 1:
+                ax.plot([p["nodes"] for p in pts], [p["speedup"] for p in pts], marker="o",
+                        linestyle="--" if "fp8" in variant else "-", label=variant)
+        top = max(p["nodes"] for p in points)
+        ax.plot([1, top], [1, top], ":", color="grey", label="ideal")
+        ax.set_title(f"weak scaling, {net} @ {rate} (1 process per node)")
+        ax.set_xlabel("nodes")
+        ax.set_ylabel("speedup vs 1 process")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--nets", default="caffenet", help="caffenet, googlenet or a solver path")
@@ -352,12 +505,15 @@ def main(argv=None):
     ap.add_argument("--python", default=sys.executable)
     # the DDP worker (started by the benchmark itself under mpiexec)
     ap.add_argument("--ddp-worker", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--mpi-worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--variant", help=argparse.SUPPRESS)
     ap.add_argument("--solver", help=argparse.SUPPRESS)
     ap.add_argument("--master", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.ddp_worker:
         return ddp_worker(args)
+    if args.mpi_worker:
+        return mpi_worker(args)
     if args.iters <= args.skip:
         ap.error("--iters must exceed --skip")
     from emulated_cluster import ClusterError, available
@@ -373,6 +529,13 @@ def main(argv=None):
         return 1
     png = os.path.splitext(args.csv)[0] + ".png"
     plot(rows, png)
+    weak = weak_scaling(rows)
+    if len({p["nodes"] for p in weak}) > 2:
+        import _runs
+        stem = os.path.splitext(args.csv)[0] + "_weak"
+        _runs.write_rows(weak, WEAK_FIELDS, stem + ".csv")
+        plot_weak(weak, stem + ".png")
+        print(f"wrote {stem}.csv and {stem}.png")
     for r in summarise(rows):
         print(f"{r['net']} {r['layout']} {r['rate']:7s} {r['variant']:14s} "
               f"{r['iter_ms']:8.1f} ms/iter  exposed {r['exposed_ms']:7.1f} ms")
