@@ -35,6 +35,52 @@ data-parallel deep learning with floating-point numbers smaller than single prec
 Algorithm 1): its conversion kernels run on the GPU, which the backward occupies, so each
 tensor's encode + decode (n / convert rate) is added to the compute path right after its
 backward instead of to the communication thread, which keeps the host copies and MPI.
+
+The emulated cluster (``cluster_time``; scripts/cluster_bench.py: N nodes × P' processes, every
+node a network namespace of *one* machine of C cores, joined by a tc-shaped link of R bit/s in
+each direction; the nets' EmulatedCompute layers sleep and take no core). All processes do the
+same work, so one is simulated (``simulate_threads``): its threads share C/(N·P') cores max-min
+fairly (processor sharing), a sleep or a latency takes none. Inputs: the emulated per-layer
+sleeps and tensor sizes, the measured one-process iteration T1 of the same side, per-collective
+latency α, and host rates of one core (r_x, elements/s):
+
+* host work of one process H = T1 − Σ sleeps. caffe8: its update part U(n) = n/r_update +
+  n/r_finite per tensor; of the rest H_r = H − U(all) (clearing the diffs, the losses' forward
+  sums and backward fills: one pass over every element each) a third falls in backward, per
+  layer in proportion to its elements, just before the layer's sleep (Caffe's loss backward
+  runs first), two thirds before forward. DDP: H_r = H − n/r_step, half of it in backward after
+  each layer's sleep (AccumulateGrad materialising the gradients), half before forward;
+* a transfer of B bytes over the node's link: wire time w = B / (R/8 · η), η = 1448/1514 (TCP
+  payload per byte of frame that tc counts, MTU 1500), needing B / r_tcp CPU-seconds (the
+  kernel's copies, both ends): it goes at the link's rate while its thread gets (B/r_tcp)/w of
+  a core, slower in proportion with less;
+* caffe8's hierarchical sum of n elements of b bytes (``c8_collective_steps``): P' > 1: a
+  barrier α_s and (P'−1)/P'·n/r_sum (shared-memory reduce-scatter); N > 1: n/P'/r_between
+  (fp8's rescale), then for the Alltoallv and the Allgather each α + a transfer of
+  (N−1)/N·nb/P' bytes at R/P' (the node's P' processes share its link), between them
+  (N−1)/N·n/P'/r_sum; P' > 1: a barrier and (P'−1)/P'·nb / r_copy (the allgather's copies);
+* caffe8 synchronous: everything on the compute thread after backward, per tensor in ready
+  order encode n/r_encode, the sum, decode n/r_decode, then the update: T1 + Σ (encode + sum +
+  decode) with a core per process. Asynchronous (the CPU's 3-stage pipeline): tensor k (last
+  layer first, its tensors last first) is encoded by the encode thread once its layer's backward
+  is done and the previous encode is, summed by the communication thread after its encode and
+  the previous sum, decoded and updated (the pipelined update: decode + U(n_k)) by the update
+  thread after its sum and the previous update; the iteration ends when the compute thread's
+  backward and the last update are done;
+* PyTorch DDP (``ddp_cluster_programs``): buckets in gradient-ready order, the first closed at
+  ≥ 1 MiB, the others at ≥ 25 MiB (DDP's rebuilt buckets), the rest last. Autograd thread: each
+  gradient copied into its bucket (n/r_copy, the division folded in); with the fp16 hook the
+  bucket's cast and division (m/r_encode) when it closes. Gloo thread, buckets in turn: 2(P−1)
+  ring steps of α, one transfer of 2(P−1)/P · m·b bytes over the link (the ring's one node-
+  crossing hop per node, N > 1) whose CPU also holds the ring's sum (P−1)/P · m/r_sum (gloo
+  reduces a segment while the next is on the wire), fp16: m/r_decode back into the bucket. After
+  backward and the last bucket: the copy back n/r_copy and the optimizer step n/r_step.
+
+Not modelled: the fp8 quantile pass (a few ms per iteration), the ranks' skew (the measured
+iteration is the slowest rank's), the delay of a woken thread on a busy core, contention for
+memory bandwidth beyond what the host rates were measured under, page-fault and address-space
+lock contention of big temporary arrays (numpy's float16 casts, DDP's fresh gradients), MPI
+progress made only inside the watchdog's polls, and gloo's two worker threads (one here).
 """
 import json
 import re
@@ -56,10 +102,18 @@ class Network:
 
 @dataclass(frozen=True)
 class CodecCost:
-    """Wire bytes per element, reduction op rate and encode+decode rate (elements/s)."""
+    """Wire bytes per element, reduction op rate and encode+decode rate (elements/s).
+
+    The emulated-cluster model (``cluster_time``) takes the host passes one at a time, each at
+    one core's rate (elements/s): ``encode_rate`` (gradient to wire), ``decode_rate`` (wire to
+    the mean gradient) and ``between_rate`` (fp8's rescale between the intra- and inter-node
+    stages: a decode and an encode)."""
     bytes_per_element: float
     reduce_rate: float = INF
     convert_rate: float = INF
+    encode_rate: float = INF
+    decode_rate: float = INF
+    between_rate: float = INF
 
 
 @dataclass
@@ -285,3 +339,296 @@ def fit_alpha_beta(points):
     if det <= 0 or len({x for x, _ in points}) < 2:
         raise ValueError("fit_alpha_beta needs at least two different sizes")
     return (sxx * sy - sx * sxy) / det, (sw * sxy - sx * sy) / det
+
+
+# --- the emulated cluster: host work shared by threads and processes -------------------------
+# Payload bytes per byte that tc's token bucket counts on the emulated cluster's veth links: a
+# TCP segment of MSS 1448 bytes (MTU 1500 less 20 bytes of IP and 32 of TCP header with
+# timestamps) travels in a 1514-byte frame (14 bytes of Ethernet header), and tc counts frames.
+TCP_PAYLOAD_EFFICIENCY = 1448 / 1514
+
+
+@dataclass(frozen=True)
+class HostCost:
+    """The machine that runs every emulated node, and one process's per-element host passes.
+
+    ``cores``: cores of the machine, shared by all processes of all emulated nodes (their
+    emulated compute sleeps and takes none); ``tcp_rate``: bytes one core moves from one
+    process to another through the kernel's TCP path (the sender's and the receiver's copies
+    together); ``copy_rate``: bytes/s of a memory copy (the shared-memory stages); rates of one
+    core in elements/s: ``update_rate`` (the SGD momentum step), ``finite_rate`` (the NaN/Inf
+    test of the pipelined update)."""
+    cores: float = INF
+    tcp_rate: float = INF
+    copy_rate: float = INF
+    update_rate: float = INF
+    finite_rate: float = INF
+
+
+@dataclass(frozen=True)
+class DdpCost:
+    """PyTorch DDP's own host pass and bucket sizes: each gradient is copied into its bucket when
+    it is ready (with the division by P folded in: ``at::mul_out``; the fp16 hook copies and
+    casts/divides itself, its codec's ``encode_rate``) and copied back after the allreduce, both
+    at ``copy_rate`` (elements/s of one core); the first bucket holds ``first`` bytes, the
+    others ``cap`` (a bucket closes once it holds at least its limit, DDP's rule)."""
+    copy_rate: float = INF
+    first: float = float(1 << 20)
+    cap: float = float(25 << 20)
+
+
+def _water_fill(capacity, demands):
+    """Max-min fair shares of ``capacity`` cores among threads wanting ``demands`` cores."""
+    alloc = [0.0] * len(demands)
+    left = [k for k, d in enumerate(demands) if d > 0]
+    cap = capacity
+    while left:
+        share = cap / len(left)
+        small = [k for k in left if demands[k] <= share]
+        if not small:
+            for k in left:
+                alloc[k] = share
+            break
+        for k in small:
+            alloc[k] = demands[k]
+            cap -= demands[k]
+        left = [k for k in left if k not in small]
+    return alloc
+
+
+def simulate_threads(threads, cores):
+    """Finish time of every thread of one process whose threads share ``cores`` cores.
+
+    ``threads``: {name: [step, ...]}, each thread running its steps in order from time 0:
+
+    * ``("cpu", s)``: ``s`` seconds of work for one core;
+    * ``("idle", s)``: ``s`` seconds that take no core (a sleep, a latency);
+    * ``("xfer", w, c)``: a transfer, ``w`` seconds at the link's rate that needs ``c``
+      CPU-seconds in all (the kernel's copies): it goes at the link's rate while it gets
+      ``c / w`` of a core, slower in proportion with less;
+    * ``("await", event)`` waits until some thread has passed ``("signal", event)``.
+
+    Cores go to the running steps max-min fairly (processor sharing: a ``cpu`` step wants one
+    core, a transfer ``min(1, c / w)``). Returns ({thread: finish s}, {event: time s})."""
+    names = list(threads)
+    pos = {n: 0 for n in names}
+    left = {n: None for n in names}      # remaining of the current step, in its own unit
+    events, finish, t = {}, {}, 0.0
+    while True:
+        _pass_instant_steps(threads, names, pos, left, events, finish, t)
+        running = [n for n in names if left[n] is not None]
+        if not running:
+            if len(finish) < len(names):
+                stuck = {n: threads[n][pos[n]] for n in names if n not in finish}
+                raise ValueError(f"threads wait for events never signalled: {stuck}")
+            return finish, events
+        steps = [threads[n][pos[n]] for n in running]
+        demands = [1.0 if s[0] == "cpu" else
+                   (min(1.0, s[2] / s[1]) if s[1] > 0 else 1.0) if s[0] == "xfer" else 0.0
+                   for s in steps]
+        rates = []
+        for s, a in zip(steps, _water_fill(cores, demands)):
+            if s[0] == "cpu":
+                rates.append(a)                          # CPU-seconds per second
+            elif s[0] == "idle":
+                rates.append(1.0)
+            else:                                        # fraction of the transfer per second
+                rates.append(min(1.0 / s[1] if s[1] > 0 else INF, a / s[2] if s[2] > 0 else INF))
+        if not any(r > 0 for r in rates):
+            raise ValueError("no core for the running steps (cores must be > 0)")
+        dt, first = min((left[n] / r, k) for k, (n, r) in enumerate(zip(running, rates)) if r > 0)
+        t += dt
+        for k, (n, r) in enumerate(zip(running, rates)):
+            left[n] = 0.0 if k == first else left[n] - r * dt
+            if left[n] <= 1e-12:
+                left[n] = None
+                pos[n] += 1
+
+
+def _pass_instant_steps(threads, names, pos, left, events, finish, t):
+    """Signals, satisfied awaits and empty steps at time ``t``; starts the next timed steps."""
+    moved = True
+    while moved:
+        moved = False
+        for n in names:
+            steps = threads[n]
+            while pos[n] < len(steps) and left[n] is None:
+                step = steps[pos[n]]
+                if step[0] == "signal":
+                    events.setdefault(step[1], t)
+                elif step[0] == "await":
+                    if step[1] not in events:
+                        break
+                elif step[0] in ("cpu", "idle"):
+                    if step[1] > 0:
+                        left[n] = step[1]
+                        break
+                elif step[0] == "xfer":
+                    if step[1] > 0 or step[2] > 0:
+                        left[n] = 1.0
+                        break
+                else:
+                    raise ValueError(f"unknown step {step!r}")
+                pos[n] += 1
+                moved = True
+            if pos[n] == len(steps) and n not in finish:
+                finish[n] = t
+
+
+def exchange_order(layers):
+    """[(layer index, elements)] of every tensor in the order backward makes them ready: the
+    layers from the last, each layer's tensors from its last (Parameter layers run backward in
+    reverse order too)."""
+    return [(i, n) for i in reversed(range(len(layers)))
+            for n in reversed(layers[i].tensors) if n]
+
+
+def _host_split(layers, t1, end_work):
+    """(rest, total elements): the one-process host work ``t1`` − the layers' compute −
+    ``end_work`` (clamped at 0), and the elements of all tensors."""
+    compute = sum(x.forward + x.backward for x in layers)
+    return max(0.0, t1 - compute - end_work), sum(n for x in layers for n in x.tensors)
+
+
+def c8_collective_steps(n, codec, network, host, nodes, ppn):
+    """Thread steps (see simulate_threads) of caffe8's hierarchical sum of one ``n``-element
+    tensor on the CPU: intra-node reduce-scatter in shared memory (a barrier, then each process
+    adds its 1/P' piece of the P' addends), fp8's between-stage rescale of that piece, the
+    inter-node Alltoallv and ordered sum, and Allgather of the piece (each a collective of
+    latency α_inter; the node's link is shared by its P' processes, each moving 1/P' of the
+    bytes), and the intra-node allgather (a barrier, then copies)."""
+    steps = []
+    b = n * codec.bytes_per_element
+    if ppn > 1:
+        steps += [("idle", network.alpha_intra),
+                  ("cpu", (ppn - 1) / ppn * n / codec.reduce_rate)]
+    if nodes > 1:
+        frac = (nodes - 1) / nodes
+        piece, piece_bytes = n / ppn, b / ppn
+        wire = frac * piece_bytes / (network.beta_inter / ppn)
+        cpu = frac * piece_bytes / host.tcp_rate
+        steps += [("cpu", piece / codec.between_rate),
+                  ("idle", network.alpha_inter), ("xfer", wire, cpu),
+                  ("cpu", frac * piece / codec.reduce_rate),
+                  ("idle", network.alpha_inter), ("xfer", wire, cpu)]
+    if ppn > 1:
+        steps += [("idle", network.alpha_intra),
+                  ("cpu", (ppn - 1) / ppn * b / host.copy_rate)]
+    return steps
+
+
+def c8_cluster_programs(layers, codec, network, host, nodes, ppn, t1, asynchronous=True,
+                        bucket_bytes=float(1 << 20), backward_host_share=1 / 3):
+    """The threads of one caffe8 process on the emulated cluster (see cluster_time): tensors
+    summed in buckets of ``bucket_bytes`` wire bytes (comm.bucket_kb · 1024)."""
+    update = lambda n: n / host.update_rate + n / host.finite_rate  # noqa: E731
+    order = exchange_order(layers)
+    total = sum(n for _, n in order)
+    rest, _ = _host_split(layers, t1, update(total))
+    buckets = gradient_buckets(layers, bucket_bytes, bucket_bytes, codec.bytes_per_element)
+    bucket_of, first = [], 0
+    for b, (last, _) in enumerate(buckets):
+        bucket_of += [b] * (last + 1 - first)
+        first = last + 1
+    fwd = [("cpu", (1 - backward_host_share) * rest)] + [("idle", x.forward) for x in layers]
+    bwd = []
+    for i in reversed(range(len(layers))):
+        share = sum(layers[i].tensors) / total if total else 0.0
+        bwd += [("cpu", backward_host_share * rest * share), ("idle", layers[i].backward),
+                ("signal", ("ready", i))]
+    if not asynchronous:
+        tail = [("cpu", sum(n for _, n in order) / codec.encode_rate)]
+        for _, m in buckets:
+            tail += c8_collective_steps(m, codec, network, host, nodes, ppn)
+        tail += [("cpu", total / codec.decode_rate), ("cpu", update(total))]
+        return {"compute": fwd + bwd + tail}
+    encode, comm, upd = [], [], []
+    for k, (i, n) in enumerate(order):
+        encode += [("await", ("ready", i)), ("cpu", n / codec.encode_rate),
+                   ("signal", ("encoded", k))]
+        upd += [("await", ("summed", bucket_of[k])), ("cpu", n / codec.decode_rate + update(n))]
+    for b, (last, m) in enumerate(buckets):
+        comm += [("await", ("encoded", last))] + \
+            c8_collective_steps(m, codec, network, host, nodes, ppn) + [("signal", ("summed", b))]
+    upd += [("signal", "updated")]
+    return {"compute": fwd + bwd + [("await", "updated")], "encode": encode, "comm": comm,
+            "update": upd}
+
+
+def gradient_buckets(layers, first, cap, bytes_per_element=4):
+    """Tensors grouped into buckets in gradient-ready order (``exchange_order``): [(position in
+    that order of the bucket's last tensor, elements)]. A bucket closes once it holds at least
+    its limit in bytes (``first`` for the first bucket, ``cap`` after: PyTorch DDP's rebuilt
+    buckets, and caffe8's comm.bucket_kb with ``first = cap``; 0: every tensor alone); the
+    tensors left form the last bucket."""
+    out, size, limit = [], 0, first
+    order = exchange_order(layers)
+    for k, (_, n) in enumerate(order):
+        size += n
+        if size * bytes_per_element >= limit:
+            out.append((k, size))
+            size, limit = 0, cap
+    if size:
+        out.append((len(order) - 1, size))
+    return out
+
+
+def ddp_cluster_programs(layers, codec, network, host, ddp, nodes, ppn, t1, step_rate,
+                         backward_host_share=1 / 2):
+    """The threads of one PyTorch DDP process on the emulated cluster (see cluster_time)."""
+    p = nodes * ppn
+    order = exchange_order(layers)
+    total = sum(n for _, n in order)
+    rest, _ = _host_split(layers, t1, total / step_rate)
+    buckets = gradient_buckets(layers, ddp.first, ddp.cap)
+    closes = {k: b for b, (k, _) in enumerate(buckets)}
+    hooked = codec.bytes_per_element != 4           # the fp16 hook: cast and divide itself
+    main = [("cpu", (1 - backward_host_share) * rest)] + [("idle", x.forward) for x in layers]
+    k = 0
+    for i in reversed(range(len(layers))):
+        main += [("idle", layers[i].backward)]
+        for n in reversed(layers[i].tensors):
+            if not n:
+                continue
+            main += [("cpu", backward_host_share * rest * n / total),
+                     ("cpu", n / ddp.copy_rate)]
+            if k in closes:
+                b = closes[k]
+                m = buckets[b][1]
+                main += [("cpu", m / codec.encode_rate if hooked else 0.0),
+                         ("signal", ("bucket", b))]
+            k += 1
+    main += [("await", "reduced"), ("cpu", total / ddp.copy_rate + total / step_rate)]
+    gloo = []
+    frac = (p - 1) / p
+    for b, (_, m) in enumerate(buckets):
+        nbytes = m * codec.bytes_per_element
+        wire = 2 * frac * nbytes / network.beta_inter if nodes > 1 else 0.0
+        cpu = 2 * frac * nbytes / host.tcp_rate + frac * m / codec.reduce_rate
+        gloo += [("await", ("bucket", b)), ("idle", 2 * (p - 1) * network.alpha_inter),
+                 ("xfer", wire, cpu), ("cpu", m / codec.decode_rate if hooked else 0.0)]
+    gloo += [("signal", "reduced")]
+    return {"main": main, "gloo": gloo}
+
+
+def cluster_time(layers, codec, network, host, nodes, ppn, t1, variant="async", ddp=None,
+                 step_rate=INF, bucket_bytes=float(1 << 20)):
+    """Predicted seconds per iteration of one job on the emulated cluster (``nodes`` × ``ppn``
+    processes on one machine of ``host.cores`` cores); ``t1``: the measured one-process
+    iteration of the same side. ``variant``: "sync" or "async" (caffe8), "ddp" (PyTorch DDP,
+    ``ddp`` and the optimizer's ``step_rate`` elements/s). ``bucket_bytes``: caffe8's bucket
+    limit in wire bytes (comm.bucket_kb, 1024 KiB by default). One process: ``t1``."""
+    if nodes * ppn <= 1:
+        return t1
+    if variant == "ddp":
+        programs = ddp_cluster_programs(layers, codec, network, host, ddp, nodes, ppn, t1,
+                                        step_rate)
+        main = "main"
+    elif variant in ("sync", "async"):
+        programs = c8_cluster_programs(layers, codec, network, host, nodes, ppn, t1,
+                                       variant == "async", bucket_bytes)
+        main = "compute"
+    else:
+        raise ValueError(f"variant must be sync, async or ddp, got {variant!r}")
+    finish, _ = simulate_threads(programs, host.cores / (nodes * ppn))
+    return finish[main]

@@ -26,7 +26,16 @@ Usage (from the repository root)::
         --bench runs/allreduce_2r.csv \
         --timing-logs RUN/timing.rep0.r0.jsonl,RUN/timing.rep0.r1.jsonl
 
-``seed`` states every input it uses; see ``TSUBAME`` and ``seed_inputs`` below.
+    # the emulated cluster: every round == "all" row of a scripts/cluster_bench.py CSV
+    # predicted from the link rate, the emulated net's sleeps and tensors, the row's measured
+    # one-process time and the host rates (HOST_RATES, or --measure them here first)
+    python scripts/perf_model.py cluster --csv docs/figures/cluster_bench.csv --out OUTDIR
+
+``seed`` states every input it uses; see ``TSUBAME`` and ``seed_inputs`` below. ``cluster``'s
+constants: ``HOST_RATES`` (measured, see there), ``ALPHA_COLLECTIVE`` and ``ALPHA_SHARED``
+(latencies), comm.perf_model.TCP_PAYLOAD_EFFICIENCY (physical), the machine's cores (``--cores``,
+default this machine's) and the link rate of each row; the model is comm.perf_model's module
+docstring, "The emulated cluster".
 """
 import argparse
 import csv
@@ -556,6 +565,283 @@ def _median(values):
     return v[len(v) // 2] if len(v) % 2 else 0.5 * (v[len(v) // 2 - 1] + v[len(v) // 2])
 
 
+# --- the emulated cluster (scripts/cluster_bench.py) -----------------------------------------
+EMULATED_NETS = {"caffenet": os.path.join(REPO, "prototxt", "caffenet_emulated", "train.prototxt"),
+                 "googlenet": os.path.join(REPO, "prototxt", "googlenet_emulated",
+                                           "train.prototxt")}
+# Host rates of one core, elements/s (``copy_bytes`` and ``tcp``: bytes/s), measured once on the
+# machine that ran the emulated cluster (2-core AMD EPYC VM) by measure_host_rates(copies=2):
+# one copy of the passes per core at once, as the two processes of a 2x1 job run them, on the
+# emulated nets' data (gradients all ones, weights all alike), 2^24 elements, best of 5; ``tcp``
+# by measure_tcp_rate (loopback), ``gloo_fp16_sum`` by measure_gloo_half_sum (see there).
+HOST_RATES = {
+    "fp32_encode": 2.35e9,    # copy of the gradient into the wire buffer
+    "fp32_decode": 3.0e9,     # wire / P into the gradient
+    "fp32_sum": 2.85e9,       # numpy add (the explicit schedule's float sum)
+    "fp16_encode": 0.2e9,     # numpy float16 cast of grad / P (fresh temporaries)
+    "fp16_decode": 0.36e9,    # numpy float16 -> float32
+    "fp16_sum": 6.0e9,        # comm.kernels.half_sum
+    "fp8_encode": 1.55e9,     # comm.kernels.encode_ratio_fp8
+    "fp8_decode": 2.9e9,      # comm.kernels.decode_ratio_fp8
+    "fp8_between": 1.5e9,     # decode_fp8 + encode_fp8 (the between-stage rescale)
+    "fp8_sum": 6.0e9,         # comm.kernels.fp8_sum
+    "update": 1.0e9,          # solvers.native.sgd_momentum
+    "finite": 6.2e9,          # solvers.native.all_finite
+    "copy_bytes": 7.7e9,      # memcpy (shared-memory allgather)
+    "tcp": 2.09e9,            # bytes one CPU-second moves between two processes over TCP
+    "ddp_copy": 3.0e9,        # torch.mul(grad, 1/P, out=bucket): DDP's copy into the bucket
+    "ddp_fp16_encode": 0.8e9, # the fp16 hook's bucket.to(float16).div_(P) (a fresh tensor)
+    "ddp_fp16_decode": 4.1e9, # the hook's copy of the fp16 result back into the bucket
+    "ddp_step": 0.9e9,        # torch.optim.SGD(momentum).step()
+    "gloo_fp32_sum": 2.85e9,  # gloo's float sum: a compiled loop, taken at numpy add's rate
+    "gloo_fp16_sum": 0.36e9,  # gloo's float16 sum (element by element through float)
+}
+# Per collective call (MPI Alltoallv or Allgather of caffe8's sum; one step of gloo's ring):
+# measured as half the median comm time of CaffeNet's bias tensors (96 to 4096 elements, whose
+# bytes take microseconds) in the synchronous 2x1 runs' timing logs: 0.35 to 0.8 ms per tensor.
+ALPHA_COLLECTIVE = 0.22e-3
+# Barrier of the shared-memory stages (P' > 1): a few polls of the node-shared counters.
+ALPHA_SHARED = 20e-6
+VARIANT = re.compile(r"^(?:c8-(fp32|fp16|fp8)-(sync|async)|ddp-(fp32|fp16))$")
+
+
+def emulated_layers(path):
+    """LayerCosts of an emulated net prototxt: one per EmulatedCompute layer, with its
+    forward/backward sleep and the Parameter tensors since the previous one (element counts);
+    tensors after the last get a layer of no compute."""
+    from engine.prototxt import parse_file
+    layers, pending = [], []
+    for layer in parse_file(path).layer:
+        if layer.type == "Parameter":
+            count = 1
+            for d in layer.parameter_param.shape.dim:
+                count *= int(d)
+            pending.append(count)
+        elif layer.type == "EmulatedCompute":
+            e = layer.emulate_param
+            layers.append(pm.LayerCost(layer.name, float(e.forward_ms) / 1e3,
+                                       float(e.backward_ms) / 1e3, pending))
+            pending = []
+    if pending:
+        layers.append(pm.LayerCost("tail", 0.0, 0.0, pending))
+    if not layers:
+        raise ValueError(f"{path}: no EmulatedCompute or Parameter layers")
+    return layers
+
+
+def cluster_costs(rates, cores, rate_bps, ppn):
+    """(caffe8 codecs, DDP codecs, HostCost, DdpCost, Network) from host ``rates`` (HOST_RATES'
+    keys), the machine's ``cores`` and the link's ``rate_bps`` (bits/s, each direction)."""
+    c8 = {c: pm.CodecCost(pm.CODEC_BYTES[c], rates[f"{c}_sum"],
+                          encode_rate=rates[f"{c}_encode"], decode_rate=rates[f"{c}_decode"],
+                          between_rate=rates["fp8_between"] if c == "fp8" else pm.INF)
+          for c in ("fp32", "fp16", "fp8")}
+    ddp = {"fp32": pm.CodecCost(4, rates["gloo_fp32_sum"]),
+           "fp16": pm.CodecCost(2, rates["gloo_fp16_sum"], encode_rate=rates["ddp_fp16_encode"],
+                                decode_rate=rates["ddp_fp16_decode"])}
+    host = pm.HostCost(cores, rates["tcp"], rates["copy_bytes"], rates["update"], rates["finite"])
+    network = pm.Network(ALPHA_SHARED, rates["copy_bytes"], ALPHA_COLLECTIVE,
+                         rate_bps / 8 * pm.TCP_PAYLOAD_EFFICIENCY, ppn)
+    return c8, ddp, host, pm.DdpCost(rates["ddp_copy"]), network
+
+
+def predict_cluster_row(row, layers, rates, cores, bucket_kb=1024):
+    """Predicted seconds per iteration of one cluster_bench.py CSV row (caffe8's buckets of
+    ``bucket_kb`` KiB, comm.bucket_kb's default)."""
+    from emulated_cluster import parse_rate
+    m = VARIANT.match(row["variant"])
+    if not m:
+        raise ValueError(f"unknown variant {row['variant']!r} (c8-<fp32|fp16|fp8>-<sync|async>, "
+                         f"ddp-fp32, ddp-fp16)")
+    nodes, ppn = int(row["nodes"]), int(row["ppn"])
+    c8, ddp, host, ddp_cost, network = cluster_costs(rates, cores, parse_rate(row["rate"]), ppn)
+    t1 = float(row["baseline_ms"]) / 1e3
+    if m.group(3):
+        return pm.cluster_time(layers, ddp[m.group(3)], network, host, nodes, ppn, t1, "ddp",
+                               ddp_cost, rates["ddp_step"])
+    return pm.cluster_time(layers, c8[m.group(1)], network, host, nodes, ppn, t1, m.group(2),
+                           bucket_bytes=1024.0 * bucket_kb)
+
+
+def cluster_validation(csv_path, out_dir, rates=None, cores=None, nets=None, limit=15.0,
+                       bucket_kb=1024):
+    """Every ``round == "all"`` row of a cluster_bench.py CSV with ``predicted_ms`` and
+    ``error_pct``; writes OUT_DIR/cluster_model.csv. Returns (rows, table lines)."""
+    rates = dict(HOST_RATES, **(rates or {}))
+    cores = cores or os.cpu_count()
+    paths = dict(EMULATED_NETS, **(nets or {}))
+    with open(csv_path, encoding="utf-8") as f:
+        measured = [r for r in csv.DictReader(f) if r["round"] == "all"]
+    if not measured:
+        raise ValueError(f"{csv_path}: no rows with round == 'all'")
+    layers, rows = {}, []
+    for r in measured:
+        if r["net"] not in paths:
+            raise ValueError(f"{csv_path}: net {r['net']!r} has no emulated prototxt "
+                             f"(known: {', '.join(sorted(paths))}; --net NAME=PATH)")
+        if r["net"] not in layers:
+            layers[r["net"]] = emulated_layers(paths[r["net"]])
+        predicted = 1e3 * predict_cluster_row(r, layers[r["net"]], rates, cores, bucket_kb)
+        got = float(r["iter_ms"])
+        rows.append(dict(r, predicted_ms=round(predicted, 3),
+                         error_pct=round(100 * (predicted / got - 1), 2)))
+    lines = [f"{'net':9s} {'layout':6s} {'rate':7s} {'variant':14s} {'measured':>9s} "
+             f"{'predicted':>9s} {'error':>7s}"]
+    for r in rows:
+        flag = "" if abs(r["error_pct"]) <= limit else f"  outside {limit:g} %"
+        lines.append(f"{r['net']:9s} {r['layout']:6s} {r['rate']:7s} {r['variant']:14s} "
+                     f"{float(r['iter_ms']):9.1f} {r['predicted_ms']:9.1f} "
+                     f"{r['error_pct']:+6.1f}%{flag}")
+    inside = sum(abs(r["error_pct"]) <= limit for r in rows)
+    lines.append(f"{inside} of {len(rows)} points within {limit:g} % ({cores:g} cores)")
+    if out_dir:
+        os.makedirs(out_dir, exist_ok=True)
+        _write_rows(rows, os.path.join(out_dir, "cluster_model.csv"))
+    return rows, lines
+
+
+def _best_rate(fn, n, repeats):
+    import time
+    best = float("inf")
+    for _ in range(repeats):
+        t = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t)
+    return n / best
+
+
+def _host_passes(n, repeats):
+    """{HOST_RATES key: rate} of this process's passes over n elements (emulated-net data)."""
+    import numpy
+    from comm import kernels
+    from solvers import native
+    g, w = numpy.ones(n, numpy.float32), numpy.full(n, -0.05, numpy.float32)
+    h, f = numpy.zeros(n, numpy.float32), numpy.empty(n, numpy.float32)
+    u8, u8b = numpy.empty(n, numpy.uint8), numpy.empty(n, numpy.uint8)
+    u16, u16b = numpy.empty(n, numpy.uint16), numpy.empty(n, numpy.uint16)
+    kernels.encode_ratio_fp8(g, w, 1e-8, 1000.0, u8)
+    u8b[...] = u8
+
+    def fp16_encode():               # comm.codecs.HalfCodec.encode's two numpy passes
+        u16[...] = (g.ravel().astype(numpy.float32, copy=False) / numpy.float32(2)).astype(
+            numpy.float16).view(numpy.uint16)
+    fp16_encode()
+    u16b[...] = u16
+
+    def between():
+        kernels.decode_fp8(u8, f, 1.0)
+        kernels.encode_fp8(f, u8, 0.5)
+    out = {
+        "fp8_encode": lambda: kernels.encode_ratio_fp8(g, w, 1e-8, 1000.0, u8),
+        "fp8_decode": lambda: kernels.decode_ratio_fp8(u8, w, 1e-8, 1e-3, f),
+        "fp8_between": between,
+        "fp8_sum": lambda: kernels.fp8_sum(u8b, u8),
+        "fp16_encode": fp16_encode,
+        "fp16_decode": lambda: f.__setitem__(Ellipsis, u16.view(numpy.float16).astype(
+            numpy.float32)),
+        "fp16_sum": lambda: kernels.half_sum(u16b, u16),
+        "fp32_encode": lambda: f.__setitem__(Ellipsis, g),
+        "fp32_decode": lambda: numpy.divide(g, numpy.float32(2), out=f),
+        "fp32_sum": lambda: numpy.add(g, f, out=f),
+        "update": lambda: native.sgd_momentum(w, f, h, 0.0, 0.9),
+        "finite": lambda: native.all_finite(g),
+    }
+    rates = {k: _best_rate(fn, n, repeats) for k, fn in out.items()}
+    rates["copy_bytes"] = 4 * rates["fp32_encode"]
+    rates["gloo_fp32_sum"] = rates["fp32_sum"]
+    try:
+        import torch
+    except ImportError:
+        return rates
+    torch.set_num_threads(1)
+    tg, buf = torch.ones(n), torch.empty(n)
+    half = torch.ones(n, dtype=torch.float16)
+    p = torch.nn.Parameter(torch.zeros(n))
+    p.grad = tg.clone()
+    opt = torch.optim.SGD([p], lr=0.01, momentum=0.9)
+    rates.update({
+        "ddp_copy": _best_rate(lambda: torch.mul(tg, 0.5, out=buf), n, repeats),
+        "ddp_fp16_encode": _best_rate(lambda: buf.to(torch.float16).div_(2), n, repeats),
+        "ddp_fp16_decode": _best_rate(lambda: buf.copy_(half), n, repeats),
+        "ddp_step": _best_rate(opt.step, n, repeats)})
+    return rates
+
+
+def measure_host_rates(copies=1, n=1 << 24, repeats=5):
+    """HOST_RATES' per-element keys measured here: ``copies`` processes run the passes at once
+    (one per core, as the processes of a job do), median over them of each one's best of
+    ``repeats``; keys whose pass cannot run here (PyTorch absent) are left out."""
+    import multiprocessing
+    import statistics
+    if copies <= 1:
+        return _host_passes(n, repeats)
+    with multiprocessing.get_context("fork").Pool(copies) as pool:
+        results = pool.starmap(_host_passes, [(n, repeats)] * copies)
+    return {k: statistics.median(r[k] for r in results) for k in results[0]}
+
+
+def measure_tcp_rate(nbytes=1 << 28, chunk=1 << 20):
+    """Bytes per CPU-second of a TCP transfer between two threads over loopback: the sending
+    and the receiving copies and the kernel's protocol work together (process CPU time)."""
+    import socket
+    import threading
+    import time
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(1)
+
+    def receive():
+        conn, _ = srv.accept()
+        view, got = memoryview(bytearray(chunk)), 0
+        while got < nbytes:
+            got += conn.recv_into(view)
+        conn.close()
+    thread = threading.Thread(target=receive)
+    thread.start()
+    sender = socket.create_connection(srv.getsockname())
+    data, cpu = bytes(chunk), time.process_time()
+    for _ in range(nbytes // chunk):
+        sender.sendall(data)
+    sender.close()
+    thread.join()
+    srv.close()
+    return nbytes / (time.process_time() - cpu)
+
+
+def measure_gloo_half_sum(n=1 << 23, repeats=5):
+    """gloo's float16 sum, elements/s: two gloo ranks (threads of this process) allreduce n
+    float16 and n/2 float32 elements (the same bytes); the difference is the extra time of
+    summing n/2 float16 elements over n/4 float32 ones (at HOST_RATES' gloo_fp32_sum)."""
+    import datetime
+    import tempfile
+    import threading
+    import time
+    import torch
+    import torch.distributed as dist
+    store_path = tempfile.mktemp(prefix="perf_model_gloo_")
+    times = {}
+
+    def rank(r):
+        pg = dist.ProcessGroupGloo(dist.FileStore(store_path, 2), r, 2,
+                                   datetime.timedelta(seconds=60))
+        for dtype, m in ((torch.float32, n // 2), (torch.float16, n)):
+            x = torch.ones(m, dtype=dtype)
+            best = float("inf")
+            for _ in range(repeats):
+                t = time.perf_counter()
+                pg.allreduce([x]).wait()
+                best = min(best, time.perf_counter() - t)
+            times[(r, dtype)] = best
+    threads = [threading.Thread(target=rank, args=(r,)) for r in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    extra = min(times[(r, torch.float16)] - times[(r, torch.float32)] for r in (0, 1))
+    extra += n / 4 / HOST_RATES["gloo_fp32_sum"]
+    return n / 2 / extra
+
+
 # --- predict ---------------------------------------------------------------------------------
 def predict(args):
     from caffe8.wiring import register_all
@@ -638,7 +924,56 @@ def build_parser():
     c.add_argument("--overlap", action="store_true", help="the run used comm.async true")
     c.add_argument("--processes", type=int, default=2)
     c.add_argument("--skip", type=int, default=10)
+    cl = sub.add_parser("cluster", help="scripts/cluster_bench.py CSV: predicted vs measured")
+    cl.add_argument("--csv", required=True, help="cluster_bench.py CSV (rows round == all)")
+    cl.add_argument("--out", default="", help="folder for cluster_model.csv")
+    cl.add_argument("--cores", type=float, default=None,
+                    help="cores of the machine that ran the cluster (default: this one's)")
+    cl.add_argument("--rate", action="append", default=[], type=_rate_arg, metavar="KEY=VALUE",
+                    help="override one of HOST_RATES (elements/s; copy_bytes, tcp: bytes/s)")
+    cl.add_argument("--measure", action="store_true",
+                    help="measure the host rates here first (one copy per core, ~10 s)")
+    cl.add_argument("--net", action="append", default=[], type=_rate_arg, metavar="NAME=PATH",
+                    help="emulated prototxt of a net (default caffenet, googlenet)")
+    cl.add_argument("--bucket-kb", type=float, default=1024,
+                    help="caffe8's comm.bucket_kb of the runs (default 1024)")
     return ap
+
+
+def _rate_arg(text):
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    try:
+        return key, float(value)
+    except ValueError:
+        return key, value
+
+
+def cluster_main(args):
+    rates = {}
+    if args.measure:
+        cores = int(args.cores or os.cpu_count())
+        rates = measure_host_rates(copies=cores)
+        rates["tcp"] = measure_tcp_rate()
+        try:
+            rates["gloo_fp16_sum"] = measure_gloo_half_sum()
+        except ImportError:
+            pass
+        print("measured host rates: " + ", ".join(f"{k} {v / 1e9:.3g}G"
+                                                  for k, v in sorted(rates.items())))
+    for key, value in args.rate:
+        if key not in HOST_RATES or not isinstance(value, float):
+            raise SystemExit(f"perf_model.py cluster: error: --rate {key}={value}: expected one "
+                             f"of {', '.join(HOST_RATES)} with a number")
+        rates[key] = value
+    nets = dict(args.net)
+    rows, lines = cluster_validation(args.csv, args.out, rates, args.cores, nets,
+                                     bucket_kb=args.bucket_kb)
+    print("\n".join(lines))
+    if args.out:
+        print(f"wrote {os.path.join(args.out, 'cluster_model.csv')}")
+    return 0
 
 
 def main(argv=None):
@@ -659,6 +994,8 @@ def main(argv=None):
               f"; Caffe's published K40c time would be {published_efficiency():.2f}, "
               f"{published_efficiency() * CUDNN_R2_TO_R4:.2f} with the cuDNN R2-R4 gain")
         return 0
+    if args.cmd == "cluster":
+        return cluster_main(args)
     if args.cmd == "seed":
         print("\n".join(seed_validation(args.out)))
         return 0

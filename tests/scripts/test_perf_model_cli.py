@@ -211,3 +211,74 @@ def test_check_run_against_synthetic_logs(tmp_path):
     assert r["measured_s"] == pytest.approx(0.0275)
     expect = 0.010 + 0.001 + sum(1e-4 + 1e-9 * n for n in sizes)
     assert r["predicted_s"] == pytest.approx(expect, rel=1e-6)
+
+
+TOY_EMULATED = """name: "Toy"
+layer { name: "w1" type: "Parameter" top: "w1" parameter_param { shape { dim: 1000 dim: 1000 } } }
+layer { name: "l1/emulate" type: "EmulatedCompute" bottom: "w1" top: "w1"
+        emulate_param { forward_ms: 10 backward_ms: 20 } }
+layer { name: "w2" type: "Parameter" top: "w2" parameter_param { shape { dim: 2000 dim: 1000 } } }
+layer { name: "l2/emulate" type: "EmulatedCompute" bottom: "w2" top: "w2"
+        emulate_param { forward_ms: 10 backward_ms: 5 } }
+"""
+CLUSTER_FIELDS = ("net,layout,nodes,ppn,rate,variant,round,iterations,iter_ms,exposed_ms,"
+                  "baseline_ms,comm_ms,link_mb,load_1min")
+
+
+def test_cluster_cli_by_hand(tmp_path):
+    """perf_model.py cluster on a 2-tensor toy net (w1: 1e6 elements, 10/20 ms; w2: 2e6, 10/5
+    ms) at 8 Gbit/s (1e9 B/s of frames), host rates set by --rate, cores plenty: every
+    predicted_ms worked out by hand; rows of single rounds are left out."""
+    import csv
+    import os
+    import sys
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    sys.path.insert(0, os.path.join(repo, "scripts"))
+    import perf_model as cli
+    from comm.perf_model import TCP_PAYLOAD_EFFICIENCY as eta
+    proto = tmp_path / "toy.prototxt"
+    proto.write_text(TOY_EMULATED)
+    assert [(x.name, x.forward, x.backward, x.tensors) for x in cli.emulated_layers(str(proto))] \
+        == [("l1/emulate", 0.010, 0.020, [1_000_000]), ("l2/emulate", 0.010, 0.005, [2_000_000])]
+    rows = ["toy,2x1,2,1,8gbit,c8-fp32-sync,0,5,99,0,48,0,0,0",
+            "toy,2x1,2,1,8gbit,c8-fp32-sync,all,5,100,0,48,0,0,0",
+            "toy,2x1,2,1,8gbit,c8-fp32-async,all,5,50,0,48,0,0,0",
+            "toy,2x1,2,1,8gbit,ddp-fp32,all,5,60,0,48,0,0,0",
+            "toy,1x1,1,1,8gbit,c8-fp8-async,all,5,40,0,48,0,0,0"]
+    data = tmp_path / "cb.csv"
+    data.write_text(CLUSTER_FIELDS + "\n" + "\n".join(rows) + "\n")
+    rates = ["fp32_encode=1e9", "fp32_decode=2e9", "fp32_sum=1e9", "update=1e9", "finite=inf",
+             "tcp=inf", "copy_bytes=inf", "ddp_copy=1e9", "ddp_step=1e9", "gloo_fp32_sum=1e9"]
+    argv = ["cluster", "--csv", str(data), "--out", str(tmp_path / "out"), "--cores", "1e6",
+            "--net", f"toy={proto}"]
+    for r in rates:
+        argv += ["--rate", r]
+    assert cli.main(argv) == 0
+    with open(tmp_path / "out" / "cluster_model.csv", encoding="utf-8") as f:
+        got = list(csv.DictReader(f))
+    assert [r["variant"] for r in got] == ["c8-fp32-sync", "c8-fp32-async", "ddp-fp32",
+                                           "c8-fp8-async"]
+    assert set(CLUSTER_FIELDS.split(",")) < set(got[0]) and {"predicted_ms", "error_pct"} < \
+        set(got[0])
+    a = cli.ALPHA_COLLECTIVE * 1e3          # ms per collective
+    link = 1 / eta                          # ms per 1e6 bytes at 1e9 bytes of frames per s
+    # sync: T1 + per tensor (ready order) encode n/1e9 + 2 collectives + 4n bytes over the
+    # link (half out in each) + the sum of n/2 + decode n/2e9: 48 + 6 + 12·link + 4a
+    sync = 48 + 6 + 12 * link + 4 * a
+    # async: forward 20, w2 ready at 25, its exchange done long before w1 is ready at 45;
+    # w1: encode 1, sum 2a + 4·link + 0.5, decode 0.5 + update 1
+    asyn = 45 + 1 + 2 * a + 4 * link + 0.5 + 1.5
+    # DDP: buckets [w2] (8e6 B >= 1 MiB) and [w1] (the rest); w1's: ready 45, its copy 1 ms,
+    # 2 ring steps + 2·(1/2)·4e6 B over the link (its sum hidden under it), then the copy back
+    # (3 ms) and the step (3 ms)
+    ddp = 48 + 2 * a + 4 * link + 6
+    for r, want in zip(got, (sync, asyn, ddp, 48.0)):
+        assert float(r["predicted_ms"]) == pytest.approx(want, abs=2e-3)
+        assert float(r["error_pct"]) == pytest.approx(
+            100 * (float(r["predicted_ms"]) / float(r["iter_ms"]) - 1), abs=0.01)
+    data.write_text(CLUSTER_FIELDS + "\ntoy,2x1,2,1,8gbit,c8-fp4-async,all,5,1,0,1,0,0,0\n")
+    with pytest.raises(ValueError, match="unknown variant"):
+        cli.main(argv)
+    data.write_text(CLUSTER_FIELDS + "\nalexnet,2x1,2,1,8gbit,ddp-fp32,all,5,1,0,1,0,0,0\n")
+    with pytest.raises(ValueError, match="no emulated prototxt"):
+        cli.main(argv)
