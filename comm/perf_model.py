@@ -611,12 +611,30 @@ def ddp_cluster_programs(layers, codec, network, host, ddp, nodes, ppn, t1, step
     return {"main": main, "gloo": gloo}
 
 
+def mpi_allreduce_program(layers, codec, network, host, nodes, ppn):
+    """One blocking MPI_Allreduce of all gradients as one vector (cluster_bench.py's "mpi-fp32"
+    reference; no compute): MPICH's recursive halving and doubling over P = N·P' node-contiguous
+    ranks. The steps at distance ≥ P' cross nodes and move B(N−1)/N per process each way, the
+    node's P' processes through one link: wire P'·2(N−1)/N·B / R; each process adds
+    (P−1)/P·n elements; 2·log2(P) steps of latency α."""
+    import math
+    p = nodes * ppn
+    n = sum(m for _, m in exchange_order(layers))
+    nbytes = n * codec.bytes_per_element
+    crossing = 2 * (nodes - 1) / nodes * nbytes
+    wire = ppn * crossing / network.beta_inter if nodes > 1 else 0.0
+    cpu = crossing / host.tcp_rate + (p - 1) / p * n / codec.reduce_rate
+    return {"main": [("idle", 2 * math.ceil(math.log2(p)) * network.alpha_inter),
+                     ("xfer", wire, cpu)]}
+
+
 def cluster_time(layers, codec, network, host, nodes, ppn, t1, variant="async", ddp=None,
                  step_rate=INF, bucket_bytes=float(1 << 20)):
     """Predicted seconds per iteration of one job on the emulated cluster (``nodes`` × ``ppn``
     processes on one machine of ``host.cores`` cores); ``t1``: the measured one-process
     iteration of the same side. ``variant``: "sync" or "async" (caffe8), "ddp" (PyTorch DDP,
-    ``ddp`` and the optimizer's ``step_rate`` elements/s). ``bucket_bytes``: caffe8's bucket
+    ``ddp`` and the optimizer's ``step_rate`` elements/s), "mpi" (one MPI_Allreduce of all the
+    gradients, no compute: ``t1`` unused). ``bucket_bytes``: caffe8's bucket
     limit in wire bytes (comm.bucket_kb, 1024 KiB by default). One process: ``t1``."""
     if nodes * ppn <= 1:
         return t1
@@ -624,11 +642,13 @@ def cluster_time(layers, codec, network, host, nodes, ppn, t1, variant="async", 
         programs = ddp_cluster_programs(layers, codec, network, host, ddp, nodes, ppn, t1,
                                         step_rate)
         main = "main"
+    elif variant == "mpi":
+        programs, main = mpi_allreduce_program(layers, codec, network, host, nodes, ppn), "main"
     elif variant in ("sync", "async"):
         programs = c8_cluster_programs(layers, codec, network, host, nodes, ppn, t1,
                                        variant == "async", bucket_bytes)
         main = "compute"
     else:
-        raise ValueError(f"variant must be sync, async or ddp, got {variant!r}")
+        raise ValueError(f"variant must be sync, async, ddp or mpi, got {variant!r}")
     finish, _ = simulate_threads(programs, host.cores / (nodes * ppn))
     return finish[main]

@@ -602,7 +602,7 @@ HOST_RATES = {
 ALPHA_COLLECTIVE = 0.22e-3
 # Barrier of the shared-memory stages (P' > 1): a few polls of the node-shared counters.
 ALPHA_SHARED = 20e-6
-VARIANT = re.compile(r"^(?:c8-(fp32|fp16|fp8)-(sync|async)|ddp-(fp32|fp16))$")
+VARIANT = re.compile(r"^(?:c8-(fp32|fp16|fp8)-(sync|async)|ddp-(fp32|fp16)|(mpi)-fp32)$")
 
 
 def emulated_layers(path):
@@ -652,28 +652,33 @@ def predict_cluster_row(row, layers, rates, cores, bucket_kb=1024):
     m = VARIANT.match(row["variant"])
     if not m:
         raise ValueError(f"unknown variant {row['variant']!r} (c8-<fp32|fp16|fp8>-<sync|async>, "
-                         f"ddp-fp32, ddp-fp16)")
+                         f"ddp-fp32, ddp-fp16, mpi-fp32)")
     nodes, ppn = int(row["nodes"]), int(row["ppn"])
     c8, ddp, host, ddp_cost, network = cluster_costs(rates, cores, parse_rate(row["rate"]), ppn)
     t1 = float(row["baseline_ms"]) / 1e3
     if m.group(3):
         return pm.cluster_time(layers, ddp[m.group(3)], network, host, nodes, ppn, t1, "ddp",
                                ddp_cost, rates["ddp_step"])
+    if m.group(4):
+        return pm.cluster_time(layers, c8["fp32"], network, host, nodes, ppn, t1, "mpi")
     return pm.cluster_time(layers, c8[m.group(1)], network, host, nodes, ppn, t1, m.group(2),
                            bucket_bytes=1024.0 * bucket_kb)
 
 
-def cluster_validation(csv_path, out_dir, rates=None, cores=None, nets=None, limit=15.0,
+def cluster_validation(csv_paths, out_dir, rates=None, cores=None, nets=None, limit=15.0,
                        bucket_kb=1024):
-    """Every ``round == "all"`` row of a cluster_bench.py CSV with ``predicted_ms`` and
-    ``error_pct``; writes OUT_DIR/cluster_model.csv. Returns (rows, table lines)."""
+    """Every ``round == "all"`` row of cluster_bench.py CSVs (a path or a list) with
+    ``predicted_ms`` and ``error_pct``; writes OUT_DIR/cluster_model.csv (the columns of all
+    the CSVs). Returns (rows, table lines)."""
     rates = dict(HOST_RATES, **(rates or {}))
     cores = cores or os.cpu_count()
     paths = dict(EMULATED_NETS, **(nets or {}))
-    with open(csv_path, encoding="utf-8") as f:
-        measured = [r for r in csv.DictReader(f) if r["round"] == "all"]
+    measured = []
+    for csv_path in [csv_paths] if isinstance(csv_paths, str) else csv_paths:
+        with open(csv_path, encoding="utf-8") as f:
+            measured += [r for r in csv.DictReader(f) if r["round"] == "all"]
     if not measured:
-        raise ValueError(f"{csv_path}: no rows with round == 'all'")
+        raise ValueError(f"{', '.join(csv_paths)}: no rows with round == 'all'")
     layers, rows = {}, []
     for r in measured:
         if r["net"] not in paths:
@@ -696,7 +701,9 @@ def cluster_validation(csv_path, out_dir, rates=None, cores=None, nets=None, lim
     lines.append(f"{inside} of {len(rows)} points within {limit:g} % ({cores:g} cores)")
     if out_dir:
         os.makedirs(out_dir, exist_ok=True)
-        _write_rows(rows, os.path.join(out_dir, "cluster_model.csv"))
+        fields = list(dict.fromkeys(k for r in rows for k in r))
+        _write_rows([{k: r.get(k, "") for k in fields} for r in rows],
+                    os.path.join(out_dir, "cluster_model.csv"))
     return rows, lines
 
 
@@ -728,9 +735,11 @@ def _host_passes(n, repeats):
     fp16_encode()
     u16b[...] = u16
 
-    def between():
-        kernels.decode_fp8(u8, f, 1.0)
-        kernels.encode_fp8(f, u8, 0.5)
+    def between():                   # comm.codecs.Fp8Codec.between_stages: 2^18 at a time
+        block = f[:1 << 18]
+        for k in range(0, n, block.size):
+            part = u8[k:k + block.size]
+            kernels.encode_fp8(kernels.decode_fp8(part, block[:part.size]), part, 1.0)
     out = {
         "fp8_encode": lambda: kernels.encode_ratio_fp8(g, w, 1e-8, 1000.0, u8),
         "fp8_decode": lambda: kernels.decode_ratio_fp8(u8, w, 1e-8, 1e-3, f),
@@ -925,7 +934,8 @@ def build_parser():
     c.add_argument("--processes", type=int, default=2)
     c.add_argument("--skip", type=int, default=10)
     cl = sub.add_parser("cluster", help="scripts/cluster_bench.py CSV: predicted vs measured")
-    cl.add_argument("--csv", required=True, help="cluster_bench.py CSV (rows round == all)")
+    cl.add_argument("--csv", required=True, action="append",
+                    help="cluster_bench.py CSV (rows round == all); repeat for several")
     cl.add_argument("--out", default="", help="folder for cluster_model.csv")
     cl.add_argument("--cores", type=float, default=None,
                     help="cores of the machine that ran the cluster (default: this one's)")

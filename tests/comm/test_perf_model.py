@@ -227,3 +227,17 @@ def test_ddp_buckets_and_iteration_by_hand():
     # 56.5; decode 1: 57.5. Then the copy back and the step, 3 + 3 ms: 63.5.
     got = pm.cluster_time(TOY, fp16, TOY_NET, TOY_HOST, 2, 1, 0.048, "ddp", ddp, 1e9)
     assert got == pytest.approx(0.0635, rel=1e-9)
+
+
+def test_mpi_allreduce_reference_by_hand():
+    # all 3e6 float32 gradients (12e6 bytes) in one blocking MPI_Allreduce, no compute:
+    # 2 nodes x 1: 2 steps of 1 ms + 2 · 1/2 · 12e6 bytes at 1e9 B/s (the 1.5e6 adds under it)
+    assert pm.cluster_time(TOY, TOY_FP32, TOY_NET, TOY_HOST, 2, 1, 0.0, "mpi") == \
+        pytest.approx(0.014, rel=1e-9)
+    # 2 nodes x 2: 4 steps; the two processes of a node both send their 6e6 crossing bytes
+    # through its link: 24 ms
+    net = pm.Network(0.0, pm.INF, 1e-3, 1e9, 2)
+    assert pm.cluster_time(TOY, TOY_FP32, net, TOY_HOST, 2, 2, 0.0, "mpi") == \
+        pytest.approx(0.028, rel=1e-9)
+    with pytest.raises(ValueError, match="variant"):
+        pm.cluster_time(TOY, TOY_FP32, TOY_NET, TOY_HOST, 2, 1, 0.0, "nccl")
