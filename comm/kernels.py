@@ -40,7 +40,7 @@ from engine.native import compile_cached, load_library
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _SOURCE = os.path.join(_HERE, "csrc", "kernels.c")
-_ABI_VERSION = 4                       # must equal C8_ABI_VERSION in kernels.c
+_ABI_VERSION = 5                       # must equal C8_ABI_VERSION in kernels.c
 _PATH_BITS = (("avx512", 4), ("avx2", 2), ("portable", 1))
 _CFLAGS = ["-O3", "-std=c99", "-fno-trapping-math", "-ffp-contract=off"]   # as in setup.py
 
@@ -92,6 +92,10 @@ def _declare(lib):
         dec_r = getattr(lib, f"c8_decode_ratio_{name}")
         dec_r.argtypes = [u8, f32, ctypes.c_float, ctypes.c_float, f32, ctypes.c_size_t]
         dec_r.restype = None
+    lib.c8_encode_half.argtypes = [f32, u8, ctypes.c_size_t, ctypes.c_float]
+    lib.c8_encode_half.restype = None
+    lib.c8_decode_half.argtypes = [u8, f32, ctypes.c_size_t]
+    lib.c8_decode_half.restype = None
     lib.c8_cpu_paths.restype = ctypes.c_int
     lib.c8_shm_arrive.argtypes = [ctypes.c_void_p, ctypes.c_uint64]
     lib.c8_shm_arrive.restype = None
@@ -374,6 +378,34 @@ def decode_fp8(b, out_f32, scale=1.0):
         out_f32.reshape(-1)[:] = v if scale == 1.0 else v * numpy.float32(scale)
     else:
         _c_function("decode")(b.ctypes.data, out_f32.ctypes.data, b.size, float(scale))
+    return out_f32
+
+
+def encode_half(x_f32, out_u16, divisor=1.0):
+    """``out_u16 = float16 bits of float32(x_f32 / divisor)`` (nearest even; beyond the range
+    inf, as NumPy's astype); NumPy's own conversion on the "numpy" path. Returns out_u16."""
+    _check(x_f32, 4, "x_f32")
+    _check(out_u16, 2, "out_u16", writeable=True)
+    if x_f32.dtype != numpy.float32 or x_f32.size != out_u16.size:
+        raise ValueError("comm.kernels.encode_half: float32 input and an output of its size")
+    if x_f32.size and _current == "numpy":
+        out_u16.reshape(-1).view(numpy.float16)[:] = (
+            x_f32.reshape(-1) / numpy.float32(divisor)).astype(numpy.float16)
+    elif x_f32.size:
+        _lib.c8_encode_half(x_f32.ctypes.data, out_u16.ctypes.data, x_f32.size, float(divisor))
+    return out_u16
+
+
+def decode_half(b_u16, out_f32):
+    """``out_f32 = float32 value of the float16 bits b_u16`` (exact). Returns out_f32."""
+    _check(b_u16, 2, "b_u16")
+    _check(out_f32, 4, "out_f32", writeable=True)
+    if out_f32.dtype != numpy.float32 or b_u16.size != out_f32.size:
+        raise ValueError("comm.kernels.decode_half: float32 output of the input's size")
+    if b_u16.size and _current == "numpy":
+        out_f32.reshape(-1)[:] = b_u16.reshape(-1).view(numpy.float16).astype(numpy.float32)
+    elif b_u16.size:
+        _lib.c8_decode_half(b_u16.ctypes.data, out_f32.ctypes.data, b_u16.size)
     return out_f32
 
 

@@ -47,7 +47,8 @@
 #define C8_X86 0
 #endif
 
-#define C8_ABI_VERSION 4     /* 2: encode_ratio / decode_ratio; 3: fp8_sum_seed; 4: shm barrier */
+#define C8_ABI_VERSION 5     /* 2: encode_ratio / decode_ratio; 3: fp8_sum_seed; 4: shm barrier;
+                                5: half conversions */
 
 enum { C8_PATH_PORTABLE = 1, C8_PATH_AVX2 = 2, C8_PATH_AVX512 = 4 };
 
@@ -214,6 +215,20 @@ void c8_decode_ratio_portable(const uint8_t *b, const float *w, float eps, float
 {
     size_t i;
     for (i = 0; i < n; i++) out[i] = (fp8_table[b[i]] * inv_scale) * (abs_f32(w[i]) + eps);
+}
+
+/* The fp16 codec's conversions (one path: the branch-free scalar code vectorises as it is).
+ * out = half(float32(x / divisor)), nearest even, overflow to inf as NumPy's astype(float16). */
+void c8_encode_half(const float *x, uint16_t *out, size_t n, float divisor)
+{
+    size_t i;
+    for (i = 0; i < n; i++) out[i] = float_to_half_rne(x[i] / divisor);
+}
+
+void c8_decode_half(const uint16_t *b, float *out, size_t n)
+{
+    size_t i;
+    for (i = 0; i < n; i++) out[i] = half_to_float(b[i]);
 }
 
 /* ---------------------------------------------------------------------------------------------

@@ -374,3 +374,25 @@ def test_self_check_catches_a_broken_ratio_kernel(monkeypatch):
 
     monkeypatch.setattr(kernels._lib, f"c8_encode_ratio_{name}", ignores_truncate)
     assert kernels.self_check(name) == ["encode_ratio_truncate"]
+
+
+def test_half_conversions_equal_numpys_for_every_half_and_the_edges():
+    """encode_half is NumPy's float32 -> float16 (nearest even, inf beyond the range) of x / d;
+    decode_half is exact for all 65536 bit patterns."""
+    codes = numpy.arange(65536, dtype=numpy.uint32).astype(numpy.uint16)
+    out = numpy.empty(codes.size, numpy.float32)
+    kernels.decode_half(codes, out)
+    numpy.testing.assert_array_equal(out, codes.view(numpy.float16).astype(numpy.float32))
+    rng = numpy.random.default_rng(7)
+    x = numpy.concatenate([
+        (rng.standard_normal(100_000) * 10.0 ** rng.integers(-9, 6, 100_000)).astype(numpy.float32),
+        numpy.array([65504, 65519.99, 65520, -65520, 1e30, numpy.inf, -numpy.inf, 0.0, -0.0,
+                     2.0 ** -24, 2.0 ** -25, 3 * 2.0 ** -26, 2.0 ** -14, 1 + 2.0 ** -11],
+                    numpy.float32)])
+    for divisor in (1.0, 3.0, 4.0):
+        got = kernels.encode_half(x, numpy.empty(x.size, numpy.uint16), divisor)
+        with numpy.errstate(over="ignore"):          # NumPy's own cast says what it does
+            want = (x / numpy.float32(divisor)).astype(numpy.float16).view(numpy.uint16)
+        numpy.testing.assert_array_equal(got, want)
+    nan = kernels.encode_half(numpy.array([numpy.nan], numpy.float32), numpy.empty(1, numpy.uint16))
+    assert numpy.isnan(nan.view(numpy.float16)[0])
