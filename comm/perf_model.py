@@ -60,13 +60,15 @@ latency α, and host rates of one core (r_x, elements/s):
   (N−1)/N·nb/P' bytes at R/P' (the node's P' processes share its link), between them
   (N−1)/N·n/P'/r_sum; P' > 1: a barrier and (P'−1)/P'·nb / r_copy (the allgather's copies);
 * caffe8 synchronous: everything on the compute thread after backward, per tensor in ready
-  order encode n/r_encode, the sum, decode n/r_decode, then the update: T1 + Σ (encode + sum +
-  decode) with a core per process. Asynchronous (the CPU's 3-stage pipeline): tensor k (last
-  layer first, its tensors last first) is encoded by the encode thread once its layer's backward
-  is done and the previous encode is, summed by the communication thread after its encode and
-  the previous sum, decoded and updated (the pipelined update: decode + U(n_k)) by the update
-  thread after its sum and the previous update; the iteration ends when the compute thread's
-  backward and the last update are done;
+  order encode n/r_encode, the bucket sums, decode n/r_decode, the verdict's allreduce
+  (⌈log2 P⌉ α), then the update: T1 + Σ (encode + sum + decode) + ⌈log2 P⌉ α with a core per
+  process. Asynchronous (the CPU's 3-stage pipeline; the verdict's allreduce before backward):
+  tensor k (last layer first, its tensors last first) is encoded by the encode thread once its
+  layer's backward is done and the previous encode is, its bucket summed by the communication
+  thread after the bucket's last encode and the previous bucket's sum, the tensor decoded and
+  updated (the pipelined update: decode + U(n_k)) by the update thread after its bucket's sum
+  and the previous update; the iteration ends when the compute thread's backward and the last
+  update are done;
 * PyTorch DDP (``ddp_cluster_programs``): buckets in gradient-ready order, the first closed at
   ≥ 1 MiB, the others at ≥ 25 MiB (DDP's rebuilt buckets), the rest last. Autograd thread: each
   gradient copied into its bucket (n/r_copy, the division folded in); with the fp16 hook the
@@ -83,6 +85,7 @@ lock contention of big temporary arrays (numpy's float16 casts, DDP's fresh grad
 progress made only inside the watchdog's polls, and gloo's two worker threads (one here).
 """
 import json
+import math
 import re
 from dataclasses import dataclass, field
 
@@ -536,12 +539,16 @@ def c8_cluster_programs(layers, codec, network, host, nodes, ppn, t1, asynchrono
         share = sum(layers[i].tensors) / total if total else 0.0
         bwd += [("cpu", backward_host_share * rest * share), ("idle", layers[i].backward),
                 ("signal", ("ready", i))]
+    # the iteration's verdict (NaN/Inf, requests): an allreduce of one int, log2(P) steps, after
+    # the exchange (sync), or before backward for the pipelined update (async)
+    flags = [("idle", math.ceil(math.log2(nodes * ppn)) * network.alpha_inter)]
     if not asynchronous:
         tail = [("cpu", sum(n for _, n in order) / codec.encode_rate)]
         for _, m in buckets:
             tail += c8_collective_steps(m, codec, network, host, nodes, ppn)
-        tail += [("cpu", total / codec.decode_rate), ("cpu", update(total))]
+        tail += [("cpu", total / codec.decode_rate)] + flags + [("cpu", update(total))]
         return {"compute": fwd + bwd + tail}
+    fwd += flags
     encode, comm, upd = [], [], []
     for k, (i, n) in enumerate(order):
         encode += [("await", ("ready", i)), ("cpu", n / codec.encode_rate),
@@ -617,7 +624,6 @@ def mpi_allreduce_program(layers, codec, network, host, nodes, ppn):
     ranks. The steps at distance ≥ P' cross nodes and move B(N−1)/N per process each way, the
     node's P' processes through one link: wire P'·2(N−1)/N·B / R; each process adds
     (P−1)/P·n elements; 2·log2(P) steps of latency α."""
-    import math
     p = nodes * ppn
     n = sum(m for _, m in exchange_order(layers))
     nbytes = n * codec.bytes_per_element

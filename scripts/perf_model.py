@@ -596,11 +596,16 @@ HOST_RATES = {
     "gloo_fp32_sum": 2.85e9,  # gloo's float sum: a compiled loop, taken at numpy add's rate
     "gloo_fp16_sum": 0.36e9,  # gloo's float16 sum (element by element through float)
 }
+# Cores of the machine that ran the emulated cluster and HOST_RATES (physical; --cores, or this
+# machine's with --measure).
+HOST_CORES = 2
 # Per collective call (MPI Alltoallv or Allgather of caffe8's sum; one step of gloo's ring):
 # measured as half the median comm time of CaffeNet's bias tensors (96 to 4096 elements, whose
-# bytes take microseconds) in the synchronous 2x1 runs' timing logs: 0.35 to 0.8 ms per tensor.
+# bytes take microseconds) in the timing logs of synchronous 2x1 runs that summed each tensor
+# by itself (before comm.bucket_kb): 0.35 to 0.8 ms per tensor, median 0.45 ms.
 ALPHA_COLLECTIVE = 0.22e-3
-# Barrier of the shared-memory stages (P' > 1): a few polls of the node-shared counters.
+# Barrier of the shared-memory stages (P' > 1), assumed: a few polls of node-shared counters
+# (two per bucket: about a millisecond per iteration in all).
 ALPHA_SHARED = 20e-6
 VARIANT = re.compile(r"^(?:c8-(fp32|fp16|fp8)-(sync|async)|ddp-(fp32|fp16)|(mpi)-fp32)$")
 
@@ -671,7 +676,7 @@ def cluster_validation(csv_paths, out_dir, rates=None, cores=None, nets=None, li
     ``predicted_ms`` and ``error_pct``; writes OUT_DIR/cluster_model.csv (the columns of all
     the CSVs). Returns (rows, table lines)."""
     rates = dict(HOST_RATES, **(rates or {}))
-    cores = cores or os.cpu_count()
+    cores = cores or HOST_CORES
     paths = dict(EMULATED_NETS, **(nets or {}))
     measured = []
     for csv_path in [csv_paths] if isinstance(csv_paths, str) else csv_paths:
@@ -938,7 +943,8 @@ def build_parser():
                     help="cluster_bench.py CSV (rows round == all); repeat for several")
     cl.add_argument("--out", default="", help="folder for cluster_model.csv")
     cl.add_argument("--cores", type=float, default=None,
-                    help="cores of the machine that ran the cluster (default: this one's)")
+                    help=f"cores of the machine that ran the cluster (default {HOST_CORES}, "
+                         f"this machine's with --measure)")
     cl.add_argument("--rate", action="append", default=[], type=_rate_arg, metavar="KEY=VALUE",
                     help="override one of HOST_RATES (elements/s; copy_bytes, tcp: bytes/s)")
     cl.add_argument("--measure", action="store_true",
@@ -963,8 +969,8 @@ def _rate_arg(text):
 def cluster_main(args):
     rates = {}
     if args.measure:
-        cores = int(args.cores or os.cpu_count())
-        rates = measure_host_rates(copies=cores)
+        args.cores = args.cores or os.cpu_count()
+        rates = measure_host_rates(copies=int(args.cores))
         rates["tcp"] = measure_tcp_rate()
         try:
             rates["gloo_fp16_sum"] = measure_gloo_half_sum()

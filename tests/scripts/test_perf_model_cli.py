@@ -263,11 +263,12 @@ def test_cluster_cli_by_hand(tmp_path):
     a = cli.ALPHA_COLLECTIVE * 1e3          # ms per collective
     link = 1 / eta                          # ms per 1e6 bytes at 1e9 bytes of frames per s
     # sync: T1 + per tensor (ready order) encode n/1e9 + 2 collectives + 4n bytes over the
-    # link (half out in each) + the sum of n/2 + decode n/2e9: 48 + 6 + 12·link + 4a
-    sync = 48 + 6 + 12 * link + 4 * a
-    # async: forward 20, w2 ready at 25, its exchange done long before w1 is ready at 45;
-    # w1: encode 1, sum 2a + 4·link + 0.5, decode 0.5 + update 1
-    asyn = 45 + 1 + 2 * a + 4 * link + 0.5 + 1.5
+    # link (half out in each) + the sum of n/2 + decode n/2e9, and the verdict's allreduce:
+    # 48 + 6 + 12·link + 4a + a
+    sync = 48 + 6 + 12 * link + 5 * a
+    # async: forward 20 and the verdict's allreduce, w2 ready at 25 + a, its exchange done long
+    # before w1 is ready at 45 + a; w1: encode 1, sum 2a + 4·link + 0.5, decode 0.5 + update 1
+    asyn = 45 + a + 1 + 2 * a + 4 * link + 0.5 + 1.5
     # DDP: buckets [w2] (8e6 B >= 1 MiB) and [w1] (the rest); w1's: ready 45, its copy 1 ms,
     # 2 ring steps + 2·(1/2)·4e6 B over the link (its sum hidden under it), then the copy back
     # (3 ms) and the step (3 ms)
