@@ -142,9 +142,6 @@ class HalfCodec(Codec):
         out[...] = wire.view(_xp(wire).float16).astype(out.dtype).reshape(out.shape)
 
 
-_BETWEEN_BLOCK = 1 << 18       # fp8 values re-scaled per step between the stages (1 MB float32)
-
-
 @dataclass
 class _Fp8Context:
     q: float
@@ -155,7 +152,9 @@ class _Fp8Context:
 @register_codec("fp8")
 class Fp8Codec(Codec):
     """Oyama et al.'s method: fp8 (E5M2) of D x 57344 / q / P', /(P/P') between the stages,
-    x q / 57344 after; D = grad / (|W| + eps) when ``relative`` else grad.
+    x q / 57344 after; D = grad / (|W| + eps) when ``relative`` else grad. With one process per
+    node (P' = 1) there is no intra-node sum, and the /(P/P') is folded into the encode's scale:
+    one rounding instead of two, and no pass over the tensor while the link waits.
 
     Host arrays use comm.kernels' fused ratio/scale/convert passes, device arrays the fused CUDA
     kernels of comm.fp8 (the same float32 operations, so the same bits). q comes from a
@@ -169,7 +168,7 @@ class Fp8Codec(Codec):
         kernels.check_rounding(comm.rounding, "comm.rounding")
         self.relative, self.epsilon, self.rounding = comm.relative, comm.epsilon, comm.rounding
         self.eps32 = float(numpy.float32(self.epsilon))
-        self._between_scratch = None
+        self._between_tables = {}
         self.tracker = QuantileTracker(comm.quantile, comm.quantile_interval, comm.samples,
                                        seed=0, rank=rank,
                                        shared_seed=comm.quantile_positions == "shared")
@@ -202,7 +201,13 @@ class Fp8Codec(Codec):
         from comm import fp8
         q = self.tracker.get(t.key)
         # float32(D * scale) then fp8, fused in the kernel; scale is rounded to float32 once.
-        scale = float(numpy.float32(kernels.FP8_MAX / q / t.stages[0]))
+        # With one process per node the intra-node sum is the identity, so the division by
+        # the node count that Oyama et al. apply between the stages is applied here, in the
+        # one rounding of the encode, instead of decoding and rounding a second time on the
+        # communication thread while the link waits (ctx.nodes = 1: nothing left between).
+        folded = t.stages[0] == 1
+        per = t.stages[0] * t.stages[1] if folded else t.stages[0]
+        scale = float(numpy.float32(kernels.FP8_MAX / q / per))
         wire = t.buffer(grad.size, numpy.uint8)
         if isinstance(grad, numpy.ndarray):
             g = numpy.ascontiguousarray(grad, numpy.float32).reshape(-1)
@@ -216,20 +221,23 @@ class Fp8Codec(Codec):
             codes = fp8.encode_ratio(grad, t.weight, self.epsilon, scale, self.rounding) \
                 if self.relative else fp8.encode(grad * _xp(grad).float32(scale), self.rounding)
             wire[...] = codes.ravel()
-        return wire, _Fp8Context(q, t.stages[1], t.weight)
+        return wire, _Fp8Context(q, 1 if folded else t.stages[1], t.weight)
 
     def between_stages(self, piece, ctx):
-        """Multiply an intra-node partial sum by float32(1 / nodes), in place (fp8 -> fp8): decode
-        and re-encode a cache-sized block at a time through one reused float32 scratch (a
-        whole-piece temporary costs a fresh allocation and its page faults every call)."""
-        scale = float(numpy.float32(1.0 / ctx.nodes))
-        block = min(piece.size, _BETWEEN_BLOCK)
-        if self._between_scratch is None or self._between_scratch.size < block:
-            self._between_scratch = numpy.empty(block, numpy.float32)
-        for s in range(0, piece.size, block):
-            part = piece[s:s + block]
-            values = kernels.decode_fp8(part, self._between_scratch[:part.size])
-            kernels.encode_fp8(values, part, scale, self.rounding)
+        """Multiply an intra-node partial sum by float32(1 / nodes), in place (fp8 -> fp8). Every
+        code maps to one code, so the decode, multiply and re-encode are tabulated once per node
+        count (with the very conversions of the encode) and applied in one pass and one C call:
+        on the communication thread, while the link waits for it."""
+        if ctx.nodes == 1:
+            return
+        table = self._between_tables.get(ctx.nodes)
+        if table is None:
+            codes = numpy.arange(256, dtype=numpy.uint8)
+            values = kernels.decode_fp8(codes, numpy.empty(256, numpy.float32))
+            table = kernels.encode_fp8(values, numpy.empty(256, numpy.uint8),
+                                       float(numpy.float32(1.0 / ctx.nodes)), self.rounding)
+            self._between_tables[ctx.nodes] = table
+        kernels.fp8_map(table, piece)
 
     def decode(self, wire, ctx, out):
         from comm import fp8

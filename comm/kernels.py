@@ -40,7 +40,7 @@ from engine.native import compile_cached, load_library
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _SOURCE = os.path.join(_HERE, "csrc", "kernels.c")
-_ABI_VERSION = 5                       # must equal C8_ABI_VERSION in kernels.c
+_ABI_VERSION = 6                       # must equal C8_ABI_VERSION in kernels.c
 _PATH_BITS = (("avx512", 4), ("avx2", 2), ("portable", 1))
 _CFLAGS = ["-O3", "-std=c99", "-fno-trapping-math", "-ffp-contract=off"]   # as in setup.py
 
@@ -96,6 +96,8 @@ def _declare(lib):
     lib.c8_encode_half.restype = None
     lib.c8_decode_half.argtypes = [u8, f32, ctypes.c_size_t]
     lib.c8_decode_half.restype = None
+    lib.c8_fp8_map.argtypes = [u8, u8, ctypes.c_size_t]
+    lib.c8_fp8_map.restype = None
     lib.c8_cpu_paths.restype = ctypes.c_int
     lib.c8_shm_arrive.argtypes = [ctypes.c_void_p, ctypes.c_uint64]
     lib.c8_shm_arrive.restype = None
@@ -407,6 +409,21 @@ def decode_half(b_u16, out_f32):
     elif b_u16.size:
         _lib.c8_decode_half(b_u16.ctypes.data, out_f32.ctypes.data, b_u16.size)
     return out_f32
+
+
+def fp8_map(table, x):
+    """``x[i] = table[x[i]]`` in place for fp8 codes ``x`` (uint8) and a 256-entry uint8
+    ``table``, in one pass and one call. Returns x."""
+    _check(x, 1, "x", writeable=True)
+    table = numpy.ascontiguousarray(table, numpy.uint8)
+    if table.size != 256:
+        raise ValueError(f"comm.kernels.fp8_map: the table needs 256 entries, got {table.size}")
+    if x.size and _current == "numpy":
+        flat = x.reshape(-1).view(numpy.uint8)
+        flat[...] = table[flat]
+    elif x.size:
+        _lib.c8_fp8_map(table.ctypes.data, x.ctypes.data, x.size)
+    return x
 
 
 def _check_float32(a, what, fn, writeable=False):

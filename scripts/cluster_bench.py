@@ -26,7 +26,7 @@ A point's time per iteration is the median over ranks' slowest and iterations af
 update; DDP: ``zero_grad`` to the end of ``step``). "Exposed communication" is that minus the same
 side's one-process time of the same net (run once per round on node 0 with no exchange at
 all): what the exchange adds to an iteration. The link's byte counter is read
-every 10 ms during a run (``link_mb``: megabytes node 0 sent per measured iteration, between
+every 50 ms during a run (``link_mb``: megabytes node 0 sent per measured iteration, between
 the first measured iteration's start and the last one's end, from the timing records' start
 times).
 
@@ -249,7 +249,7 @@ class LinkSampler:
     ``/proc/<pid>/net/dev`` of a process inside the node's namespace (a file read: no process
     is started per sample, so sampling costs the job nothing measurable)."""
 
-    def __init__(self, cluster, period=0.01):
+    def __init__(self, cluster, period=0.05):
         import threading
         self.cluster, self.period, self.samples = cluster, period, []
         self._stop = threading.Event()

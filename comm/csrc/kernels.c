@@ -47,8 +47,8 @@
 #define C8_X86 0
 #endif
 
-#define C8_ABI_VERSION 5     /* 2: encode_ratio / decode_ratio; 3: fp8_sum_seed; 4: shm barrier;
-                                5: half conversions */
+#define C8_ABI_VERSION 6     /* 2: encode_ratio / decode_ratio; 3: fp8_sum_seed; 4: shm barrier;
+                                5: half conversions; 6: fp8_map */
 
 enum { C8_PATH_PORTABLE = 1, C8_PATH_AVX2 = 2, C8_PATH_AVX512 = 4 };
 
@@ -229,6 +229,14 @@ void c8_decode_half(const uint16_t *b, float *out, size_t n)
 {
     size_t i;
     for (i = 0; i < n; i++) out[i] = half_to_float(b[i]);
+}
+
+/* x[i] = table[x[i]] in place: any function of one fp8 code, e.g. the hierarchical sum's
+ * rescaling between its stages, tabulated once from the conversions above. */
+void c8_fp8_map(const uint8_t *table, uint8_t *x, size_t n)
+{
+    size_t i;
+    for (i = 0; i < n; i++) x[i] = table[x[i]];
 }
 
 /* ---------------------------------------------------------------------------------------------
