@@ -81,3 +81,33 @@ def test_fp8_state_round_trips():
     other = create_codec("fp8", parse_comm())
     other.restore(codec.state())
     assert other.tracker.values == codec.tracker.values
+
+
+def test_fp8_divides_by_the_node_count_in_the_encode_with_one_process_per_node():
+    """Stages (1, N): no intra-node sum, so the encode's scale is 57344 / q / N and nothing is
+    left between the stages; stages (P', N) keep Oyama et al.'s rescale between them, which is
+    the decode, x float32(1/N) and re-encode of every code (the tabulated pass)."""
+    from comm import kernels
+    codec = create_codec("fp8", parse_comm("relative: false"))
+    g = numpy.random.default_rng(4).standard_normal(4000).astype(numpy.float32)
+    w = numpy.ones_like(g)
+    one = tensor(w, stages=(1, 4))
+    codec.agree(one, codec.local_stat(g, one))
+    q = codec.tracker.get(one.key)
+    payload, ctx = codec.encode(g, one)
+    want = kernels.encode_fp8(g, numpy.empty(g.size, numpy.uint8),
+                              float(numpy.float32(kernels.FP8_MAX / q / 4)))
+    numpy.testing.assert_array_equal(payload, want)
+    before = payload.copy()
+    codec.between_stages(payload, ctx)
+    numpy.testing.assert_array_equal(payload, before)            # nothing between the stages
+    two = tensor(w, stages=(2, 4))
+    payload, ctx = codec.encode(g, two)
+    want = kernels.encode_fp8(g, numpy.empty(g.size, numpy.uint8),
+                              float(numpy.float32(kernels.FP8_MAX / q / 2)))
+    numpy.testing.assert_array_equal(payload, want)
+    values = kernels.decode_fp8(payload, numpy.empty(g.size, numpy.float32))
+    rescaled = kernels.encode_fp8(values, numpy.empty(g.size, numpy.uint8),
+                                  float(numpy.float32(1 / 4)))
+    codec.between_stages(payload, ctx)
+    numpy.testing.assert_array_equal(payload, rescaled)

@@ -396,3 +396,14 @@ def test_half_conversions_equal_numpys_for_every_half_and_the_edges():
         numpy.testing.assert_array_equal(got, want)
     nan = kernels.encode_half(numpy.array([numpy.nan], numpy.float32), numpy.empty(1, numpy.uint16))
     assert numpy.isnan(nan.view(numpy.float16)[0])
+
+
+def test_fp8_map_applies_the_table_in_place():
+    rng = numpy.random.default_rng(3)
+    table = rng.integers(0, 256, 256).astype(numpy.uint8)
+    x = rng.integers(0, 256, 100_003).astype(numpy.uint8)
+    want = table[x]
+    assert kernels.fp8_map(table, x) is x
+    numpy.testing.assert_array_equal(x, want)
+    with pytest.raises(ValueError, match="256 entries"):
+        kernels.fp8_map(table[:255], x)
