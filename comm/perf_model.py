@@ -56,7 +56,7 @@ latency α, and host rates of one core (r_x, elements/s):
   a core, slower in proportion with less;
 * caffe8's hierarchical sum of n elements of b bytes (``c8_collective_steps``): P' > 1: a
   barrier α_s and (P'−1)/P'·n/r_sum (shared-memory reduce-scatter); N > 1: n/P'/r_between
-  (fp8's rescale), then for the Alltoallv and the Allgather each α + a transfer of
+  (fp8's rescale; none with P' = 1, where the encode's scale holds it), then for the Alltoallv and the Allgather each α + a transfer of
   (N−1)/N·nb/P' bytes at R/P' (the node's P' processes share its link), between them
   (N−1)/N·n/P'/r_sum; P' > 1: a barrier and (P'−1)/P'·nb / r_copy (the allgather's copies);
 * caffe8 synchronous: everything on the compute thread after backward, per tensor in ready
@@ -510,7 +510,9 @@ def c8_collective_steps(n, codec, network, host, nodes, ppn):
         piece, piece_bytes = n / ppn, b / ppn
         wire = frac * piece_bytes / (network.beta_inter / ppn)
         cpu = frac * piece_bytes / host.tcp_rate
-        steps += [("cpu", piece / codec.between_rate),
+        # fp8's rescale by 1/N between the stages; with one process per node it is folded
+        # into the encode's scale (comm.codecs.Fp8Codec), no pass
+        steps += [("cpu", piece / codec.between_rate if ppn > 1 else 0.0),
                   ("idle", network.alpha_inter), ("xfer", wire, cpu),
                   ("cpu", frac * piece / codec.reduce_rate),
                   ("idle", network.alpha_inter), ("xfer", wire, cpu)]

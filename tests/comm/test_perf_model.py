@@ -203,6 +203,12 @@ def test_hierarchical_cpu_steps_by_hand():
                      ("cpu", pytest.approx(0.5 * n / 2 / 4e9)),
                      ("idle", 1e-3), ("xfer", pytest.approx(wire), pytest.approx(0.5 * n / 2 / 2e9)),
                      ("idle", 1e-5), ("cpu", pytest.approx(0.5 * n / 8e9))]
+    # one process per node: no shared-memory stages, and the rescale is in the encode's scale
+    wire = 0.5 * n / 1e9
+    assert pm.c8_collective_steps(n, fp8, net, host, 2, 1) == [
+        ("cpu", 0.0), ("idle", 1e-3), ("xfer", pytest.approx(wire), pytest.approx(0.5 * n / 2e9)),
+        ("cpu", pytest.approx(0.5 * n / 4e9)),
+        ("idle", 1e-3), ("xfer", pytest.approx(wire), pytest.approx(0.5 * n / 2e9))]
 
 
 def test_ddp_buckets_and_iteration_by_hand():
