@@ -51,9 +51,11 @@ latency α, and host rates of one core (r_x, elements/s):
   runs first), two thirds before forward. DDP: H_r = H − n/r_step, half of it in backward after
   each layer's sleep (AccumulateGrad materialising the gradients), half before forward;
 * a transfer of B bytes over the node's link: wire time w = B / (R/8 · η), η = 1448/1514 (TCP
-  payload per byte of frame that tc counts, MTU 1500), needing B / r_tcp CPU-seconds (the
-  kernel's copies, both ends): it goes at the link's rate while its thread gets (B/r_tcp)/w of
-  a core, slower in proportion with less;
+  payload per byte of frame that tc counts, MTU 1500), needing B / r_tcp CPU-seconds (all the
+  CPU work of both ends per byte sent: the kernel's path through veth, bridge and token
+  buckets, and the library's copies): it goes at the link's rate while its thread gets
+  (B/r_tcp)/w of a core, slower in proportion with less (at 10 Gbit/s on two cores, the
+  transfers are CPU-bound);
 * caffe8's hierarchical sum of n elements of b bytes (``c8_collective_steps``): P' > 1: a
   barrier α_s and (P'−1)/P'·n/r_sum (shared-memory reduce-scatter); N > 1: n/P'/r_between
   (fp8's rescale; none with P' = 1, where the encode's scale holds it), then for the Alltoallv and the Allgather each α + a transfer of
@@ -75,7 +77,9 @@ latency α, and host rates of one core (r_x, elements/s):
   bucket's cast and division (m/r_encode) when it closes. Gloo thread, buckets in turn: 2(P−1)
   ring steps of α, one transfer of 2(P−1)/P · m·b bytes over the link (the ring's one node-
   crossing hop per node, N > 1) whose CPU also holds the ring's sum (P−1)/P · m/r_sum (gloo
-  reduces a segment while the next is on the wire), fp16: m/r_decode back into the bucket. After
+  reduces a segment while the next is on the wire) and its bytes' TCP work, of which (P'−1)/P'
+  goes over the node's loopback (r_loopback) and 1/P' over the link (r_tcp); fp16: m/r_decode
+  back into the bucket. After
   backward and the last bucket: the copy back n/r_copy and the optimizer step n/r_step.
 
 Not modelled: the fp8 quantile pass (a few ms per iteration), the ranks' skew (the measured
@@ -356,16 +360,19 @@ class HostCost:
     """The machine that runs every emulated node, and one process's per-element host passes.
 
     ``cores``: cores of the machine, shared by all processes of all emulated nodes (their
-    emulated compute sleeps and takes none); ``tcp_rate``: bytes one core moves from one
-    process to another through the kernel's TCP path (the sender's and the receiver's copies
-    together); ``copy_rate``: bytes/s of a memory copy (the shared-memory stages); rates of one
-    core in elements/s: ``update_rate`` (the SGD momentum step), ``finite_rate`` (the NaN/Inf
-    test of the pipelined update)."""
+    emulated compute sleeps and takes none); ``tcp_rate``: bytes a process sends (and as many
+    received) per CPU-second over the emulated link, all the CPU work of both ends counted
+    (the kernel's TCP path through the node's veth, the bridge and the token buckets, and the
+    communication library's copies); ``loopback_rate``: the same between two processes of one
+    node over TCP on its loopback (gloo's intra-node ring hops); ``copy_rate``: bytes/s of a
+    memory copy (the shared-memory stages); rates of one core in elements/s: ``update_rate``
+    (the SGD momentum step), ``finite_rate`` (the NaN/Inf test of the pipelined update)."""
     cores: float = INF
     tcp_rate: float = INF
     copy_rate: float = INF
     update_rate: float = INF
     finite_rate: float = INF
+    loopback_rate: float = INF
 
 
 @dataclass(frozen=True)
@@ -613,7 +620,10 @@ def ddp_cluster_programs(layers, codec, network, host, ddp, nodes, ppn, t1, step
     for b, (_, m) in enumerate(buckets):
         nbytes = m * codec.bytes_per_element
         wire = 2 * frac * nbytes / network.beta_inter if nodes > 1 else 0.0
-        cpu = 2 * frac * nbytes / host.tcp_rate + frac * m / codec.reduce_rate
+        # the ring's hops: P'−1 of a node's P' over its loopback, one over the link
+        per_byte = (ppn - 1) / ppn / host.loopback_rate + 1 / ppn / host.tcp_rate \
+            if nodes > 1 else 1 / host.loopback_rate
+        cpu = 2 * frac * nbytes * per_byte + frac * m / codec.reduce_rate
         gloo += [("await", ("bucket", b)), ("idle", 2 * (p - 1) * network.alpha_inter),
                  ("xfer", wire, cpu), ("cpu", m / codec.decode_rate if hooked else 0.0)]
     gloo += [("signal", "reduced")]

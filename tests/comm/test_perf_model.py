@@ -228,6 +228,15 @@ def test_ddp_buckets_and_iteration_by_hand():
     # fp16 hook: cast + divide of each bucket on the autograd thread (2e9/s), half the bytes,
     # its sum at 1e8/s (1e6 adds: 10 ms, longer than the 4 ms of wire: CPU-bound at one
     # core), the copy back into the float bucket at 1e9/s on the gloo thread.
+    # 2 nodes x 2 processes (P = 4): 2(P-1) = 6 ring steps of 1 ms; each process sends
+    # 2 · 3/4 · its bucket's bytes, half of them over the node's loopback (2e9 B/CPU-s), half
+    # over the link (5e8 B/CPU-s): bucket 1, 4e6 bytes: 6e6 · (0.5/2e9 + 0.5/5e8) = 7.5 ms of
+    # CPU and its 0.75e6 adds (0.75 ms) against the 6 ms of its 6e6 bytes on the link.
+    host = pm.HostCost(cores=16, update_rate=1e9, tcp_rate=5e8, loopback_rate=2e9)
+    net22 = pm.Network(0.0, pm.INF, 1e-3, 1e9, 2)
+    programs = pm.ddp_cluster_programs(TOY, fp32, net22, host, ddp, 2, 2, 0.048, 1e9)
+    assert programs["gloo"][4:7] == [("await", ("bucket", 1)), ("idle", 6e-3),
+                                     ("xfer", pytest.approx(6e-3), pytest.approx(8.25e-3))]
     fp16 = pm.CodecCost(2, reduce_rate=1e8, encode_rate=2e9, decode_rate=1e9)
     # bucket 0: closes 27 + 1 = 28; 2 ms; ring: max(wire 4, sum 10) = 10: 40; decode 2: 42.
     # The cast held up backward: L1's ends at 48, its copy 49, cast 49.5; 2 ms; max(2, 5) = 5:

@@ -283,3 +283,32 @@ def test_cluster_cli_by_hand(tmp_path):
     data.write_text(CLUSTER_FIELDS + "\nalexnet,2x1,2,1,8gbit,ddp-fp32,all,5,1,0,1,0,0,0\n")
     with pytest.raises(ValueError, match="no emulated prototxt"):
         cli.main(argv)
+
+
+def test_tcp_rate_from_reference(tmp_path):
+    """HOST_RATES' tcp is what TCP_REFERENCE (the mpi-fp32 transfer reference) implies, and the
+    inversion by hand: an mpi-fp32 row on 2x1 whose time exceeds the link's is CPU-bound at one
+    core per process: bytes sent / (iter_ms − 2 latency steps − the sum)."""
+    import os
+    import sys
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    sys.path.insert(0, os.path.join(repo, "scripts"))
+    import perf_model as cli
+    caffenet = cli.emulated_layers(cli.EMULATED_NETS["caffenet"])
+    assert cli.tcp_rate_from_reference(cli.TCP_REFERENCE, caffenet) == pytest.approx(
+        cli.HOST_RATES["tcp"], rel=1e-3)
+    proto = tmp_path / "toy.prototxt"
+    proto.write_text(TOY_EMULATED)
+    toy = cli.emulated_layers(str(proto))
+    row = {"nodes": "2", "ppn": "1", "rate": "8gbit", "variant": "mpi-fp32", "iter_ms": "40"}
+    # 3e6 float32: 12e6 bytes cross per process; the sum of 1.5e6 elements at 1e9/s: 1.5 ms
+    want = 12e6 / (0.040 - 2 * cli.ALPHA_COLLECTIVE - 1.5e-3)
+    got = cli.tcp_rate_from_reference(row, toy, {"fp32_sum": 1e9})
+    assert got == pytest.approx(want, rel=1e-9)
+    # the model fed that rate gives the row's time back
+    assert 1e3 * cli.predict_cluster_row(row | {"baseline_ms": "0"}, toy, dict(
+        cli.HOST_RATES, fp32_sum=1e9, tcp=got), cli.HOST_CORES) == pytest.approx(40.0, rel=1e-9)
+    with pytest.raises(ValueError, match="CPU-bound"):    # 12e6 B at 1e9 B/s: 12.5 ms of link
+        cli.tcp_rate_from_reference(row | {"iter_ms": "12"}, toy)
+    with pytest.raises(ValueError, match="CPU-bound"):
+        cli.tcp_rate_from_reference(row | {"variant": "ddp-fp32"}, toy)
