@@ -82,11 +82,14 @@ latency α, and host rates of one core (r_x, elements/s):
   back into the bucket. After
   backward and the last bucket: the copy back n/r_copy and the optimizer step n/r_step.
 
-Not modelled: the fp8 quantile pass (a few ms per iteration), the ranks' skew (the measured
-iteration is the slowest rank's), the delay of a woken thread on a busy core, contention for
-memory bandwidth beyond what the host rates were measured under, page-fault and address-space
-lock contention of big temporary arrays (numpy's float16 casts, DDP's fresh gradients), MPI
-progress made only inside the watchdog's polls, and gloo's two worker threads (one here).
+Not modelled: the fp8 quantile pass (a few ms per iteration) and fixed costs of small fp8
+buckets, the ranks' skew at every collective (the slowest rank sets each step), the delay
+before a woken thread gets a busy core (MPI moves data only inside the watchdog's polls, so a
+transfer beside busy threads goes slower than its CPU share), the GIL, contention for memory
+bandwidth beyond what the host rates were measured under, page faults of fresh arrays (DDP's
+gradients after zero_grad, the fp16 hook's casts) beyond their measured rates, and gloo's
+second worker thread (one here). scripts/perf_model.py's docstring gives the constants and how
+the model does against the measured runs.
 """
 import json
 import math

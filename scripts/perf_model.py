@@ -31,11 +31,28 @@ Usage (from the repository root)::
     # one-process time and the host rates (HOST_RATES, or --measure them here first)
     python scripts/perf_model.py cluster --csv docs/figures/cluster_bench.csv --out OUTDIR
 
-``seed`` states every input it uses; see ``TSUBAME`` and ``seed_inputs`` below. ``cluster``'s
-constants: ``HOST_RATES`` (measured, see there), ``ALPHA_COLLECTIVE`` and ``ALPHA_SHARED``
-(latencies), comm.perf_model.TCP_PAYLOAD_EFFICIENCY (physical), the machine's cores (``--cores``,
-default this machine's) and the link rate of each row; the model is comm.perf_model's module
-docstring, "The emulated cluster".
+``seed`` states every input it uses; see ``TSUBAME`` and ``seed_inputs`` below.
+
+``cluster``: the model is comm.perf_model's module docstring ("The emulated cluster"); its inputs
+per row are the link rate, the net's emulated prototxt (EMULATED_NETS: sleeps and tensor sizes),
+the row's measured one-process time (baseline_ms) and these constants, none fitted to an
+iteration time and none per variant: HOST_RATES (host passes of one core, measured with
+measure_host_rates; ``tcp``, the emulated link's CPU cost per byte, from one bucket's transfer in
+a timing log, TCP_REFERENCE), HOST_CORES (2, physical), ALPHA_COLLECTIVE (0.22 ms per collective,
+measured), ALPHA_SHARED (20 us, assumed), comm.perf_model.TCP_PAYLOAD_EFFICIENCY (1448/1514,
+physical), DDP's bucket sizes (1 MiB, then 25 MiB: PyTorch's) and comm.bucket_kb (1024 KiB).
+
+Against docs/figures/cluster/caffenet_2x1.csv, googlenet_2x1.csv and caffenet_layouts.csv (38
+points: CaffeNet 2x1 at 1 and 10 Gbit/s, GoogLeNet 2x1 at 10 Gbit/s, CaffeNet 2x1, 3x1, 4x1 and
+2x2 at 10 Gbit/s; caffe8 fp32/fp16/fp8 sync and async, DDP fp32/fp16, mpi-fp32) 37 are within
+15 %. Outside: mpi-fp32 at 10 Gbit/s, predicted 23 % low: a blocking MPI_Allreduce busy-polls
+both cores, so the kernel's network work per byte costs it more CPU than caffe8's sleeping polls
+(its own time implies tcp 0.83e9 instead of 1.08e9). The predictions lean low (caffe8 async 5 to
+15 %; CaffeNet fp8 async at 1 Gbit/s -14.5 %, 2x2 fp32 async -14.7 %): not modelled are the
+ranks' skew at every collective (the slowest rank sets each step), the delay before a woken
+thread gets a busy core (MPI progresses only in the watchdog's polls, so a transfer beside
+busy encode/update threads is slower than its CPU share: fp8's fc7 bucket at 1 Gbit/s takes 177
+ms against 142 modelled), the GIL, and fixed costs of fp8's small buckets (several ms each).
 """
 import argparse
 import csv
@@ -569,14 +586,13 @@ def _median(values):
 EMULATED_NETS = {"caffenet": os.path.join(REPO, "prototxt", "caffenet_emulated", "train.prototxt"),
                  "googlenet": os.path.join(REPO, "prototxt", "googlenet_emulated",
                                            "train.prototxt")}
-# Host rates of one core, elements/s (``copy_bytes`` and ``tcp``: bytes/s), measured on the
-# machine that ran the emulated cluster (2-core AMD EPYC VM, idle, 2026-11-25 03:05 UTC, after
-# the runs of docs/figures/cluster/) by measure_host_rates(copies=2): one copy of the passes per
-# core at once, as the two processes of a 2x1 job run them, on the emulated nets' data
-# (gradients all ones, weights all alike), 2^24 elements, best of 5 per copy, median of the
-# copies; ``loopback`` by measure_tcp_rate, ``gloo_fp16_sum`` by measure_gloo_half_sum, ``tcp``
-# from TCP_REFERENCE (below);
-# each the median of three such measurements (they spread by up to 25 %).
+# Host rates of one core, elements/s (``copy_bytes``, ``tcp``, ``loopback``: bytes/s), measured
+# on the machine that ran the emulated cluster (2-core AMD EPYC VM, idle, 2026-11-25 03:05 UTC,
+# after the runs of docs/figures/cluster/) by measure_host_rates(copies=2): one copy of the
+# passes per core at once, as the two processes of a 2x1 job run them, on the emulated nets'
+# data (gradients all ones, weights all alike), 2^24 elements, best of 5 per copy, median of the
+# copies; ``loopback`` by measure_tcp_rate, ``gloo_fp16_sum`` by measure_gloo_half_sum; each the
+# median of three such measurements (which spread by up to 25 %). ``tcp``: TCP_REFERENCE below.
 HOST_RATES = {
     "fp32_encode": 1.87e9,    # copy of the gradient into the wire buffer
     "fp32_decode": 2.78e9,    # wire / P into the gradient
@@ -591,7 +607,7 @@ HOST_RATES = {
     "update": 1.07e9,         # solvers.native.sgd_momentum
     "finite": 6.22e9,         # solvers.native.all_finite
     "copy_bytes": 7.47e9,     # memcpy (shared-memory allgather)
-    "tcp": 0.8257e9,          # bytes sent per CPU-second over the emulated link (TCP_REFERENCE)
+    "tcp": 1.083e9,           # bytes sent per CPU-second over the emulated link (TCP_REFERENCE)
     "loopback": 3.63e9,       # bytes one CPU-second moves between two processes over loopback
     "ddp_copy": 2e9,          # torch.mul(grad, 1/P, out=bucket): DDP's copy into the bucket
     "ddp_fp16_encode": 0.772e9,# the fp16 hook's bucket.to(float16).div_(P) (a fresh tensor)
@@ -603,15 +619,22 @@ HOST_RATES = {
 # Cores of the machine that ran the emulated cluster and HOST_RATES (physical; --cores, or this
 # machine's with --measure).
 HOST_CORES = 2
-# The emulated link's CPU cost per byte (HOST_RATES' "tcp") cannot be measured without the
-# cluster: it is taken from cluster_bench.py's transfer reference, the mpi-fp32 row of
-# docs/figures/cluster/caffenet_2x1.csv at 10 Gbit/s: one blocking MPI_Allreduce of CaffeNet's
-# 60.97 M float32 gradients on 2x1, no compute, one core per process, median 307.3 ms over 3
-# rounds where the link alone takes 204 ms: CPU-bound. tcp_rate_from_reference turns it into
-# bytes sent per CPU-second (0.826e9, 4.4 times the loopback's cost per byte): that row is
-# matched by construction; every other row is predicted.
-TCP_REFERENCE = {"net": "caffenet", "layout": "2x1", "nodes": "2", "ppn": "1", "rate": "10gbit",
-                 "variant": "mpi-fp32", "round": "all", "iter_ms": "307.284", "baseline_ms": "0"}
+# The emulated link's CPU cost per byte (HOST_RATES' "tcp") cannot be measured here without the
+# cluster. It is measured from a timing log of the cluster: the transfer of the largest bucket
+# in a synchronous float32 run, where nothing else runs beside it and each process has one
+# core: CaffeNet 2x1 at 10 Gbit/s (the c8-fp32-sync 2x1 run of
+# docs/figures/cluster/caffenet_layouts.csv, runs/cluster/caffenet/10gbit/2x1/c8-fp32-sync/
+# timing.r*.jsonl): fc6's bucket, 37.75 M elements (151 MB sent per process), comm 147.04 ms,
+# median over 2 ranks x 4 iterations (138 to 160 ms), where the link alone takes 126 ms:
+# CPU-bound. tcp_rate_from_sum turns it into 1.083e9 bytes sent per CPU-second (3.4 times the
+# loopback's cost per byte). That run's fc6 bucket is the only use of the cluster's logs: no
+# iteration time is fitted. The other synchronous runs' logs imply 0.91 to 1.15e9 (fp32 on 3x1,
+# 4x1 and 2x2, fp8 on 2x1, 3x1 and 4x1); cluster_bench's mpi-fp32 reference (a blocking
+# MPI_Allreduce, whose busy polling holds the cores the kernel's network work needs) implies
+# 0.83e9 (tcp_rate_from_mpi_reference; printed by the cluster command when a CSV has the row).
+TCP_REFERENCE = {"elements": 37752832, "seconds": 0.14704, "codec": "fp32", "nodes": 2,
+                 "ppn": 1}
+
 # Per collective call (MPI Alltoallv or Allgather of caffe8's sum; one step of gloo's ring):
 # measured as half the median comm time of CaffeNet's bias tensors (96 to 4096 elements, whose
 # bytes take microseconds) in the timing logs of synchronous 2x1 runs that summed each tensor
@@ -684,8 +707,25 @@ def predict_cluster_row(row, layers, rates, cores, bucket_kb=1024):
                            bucket_bytes=1024.0 * bucket_kb)
 
 
-def tcp_rate_from_reference(row, layers, rates=None, cores=HOST_CORES):
-    """HOST_RATES' "tcp" that makes the model of an mpi-fp32 ``row`` take its measured iter_ms
+def tcp_rate_from_sum(elements, seconds, codec, nodes, ppn, rates=None, cores=HOST_CORES):
+    """HOST_RATES' "tcp" from one measured caffe8 sum of ``elements`` that took ``seconds``
+    (a bucket's comm in a timing log) with nothing else running, assumed CPU-bound: the bytes
+    each process sends over the link / (its core share × the time left after the latency
+    steps, the sums and the shared-memory stages of c8_collective_steps)."""
+    rates = dict(HOST_RATES, **(rates or {}))
+    c8, _, host, _, network = cluster_costs(dict(rates, tcp=pm.INF), cores, pm.INF, ppn)
+    steps = pm.c8_collective_steps(elements, c8[codec], network, host, nodes, ppn)
+    other = sum(x[1] for x in steps if x[0] in ("cpu", "idle"))
+    sent = 2 * (nodes - 1) / nodes * elements * pm.CODEC_BYTES[codec] / ppn
+    cpu = min(1.0, cores / (nodes * ppn)) * (seconds - other)
+    if nodes < 2 or cpu <= 0:
+        raise ValueError("tcp_rate_from_sum needs a sum over 2 or more nodes that took longer "
+                         "than its latencies and sums")
+    return sent / cpu
+
+
+def tcp_rate_from_mpi_reference(row, layers, rates=None, cores=HOST_CORES):
+    """The "tcp" that makes the model of an mpi-fp32 ``row`` take its measured iter_ms
     (CPU-bound: bytes crossing the link per process / (its core share × (iter_ms − the
     latency steps) − the sum's time)); ``layers``: the row's net (emulated_layers)."""
     import math
@@ -739,12 +779,12 @@ def cluster_validation(csv_paths, out_dir, rates=None, cores=None, nets=None, li
                      f"{r['error_pct']:+6.1f}%{flag}")
     from emulated_cluster import parse_rate
     refs = [r for r in rows if r["variant"] == "mpi-fp32" and int(r["nodes"]) > 1]
-    for r in refs:       # the reference transfers at their highest rate: CPU-bound, as TCP_REFERENCE
+    for r in refs:       # the reference transfers at their highest rate (CPU-bound)
         if parse_rate(r["rate"]) < max(parse_rate(q["rate"]) for q in refs
                                        if (q["net"], q["layout"]) == (r["net"], r["layout"])):
             continue
         try:
-            implied = tcp_rate_from_reference(r, layers[r["net"]], rates, cores)
+            implied = tcp_rate_from_mpi_reference(r, layers[r["net"]], rates, cores)
         except ValueError:
             continue
         lines.append(f"{r['net']} {r['layout']} {r['rate']} mpi-fp32 implies tcp "

@@ -285,30 +285,43 @@ def test_cluster_cli_by_hand(tmp_path):
         cli.main(argv)
 
 
-def test_tcp_rate_from_reference(tmp_path):
-    """HOST_RATES' tcp is what TCP_REFERENCE (the mpi-fp32 transfer reference) implies, and the
-    inversion by hand: an mpi-fp32 row on 2x1 whose time exceeds the link's is CPU-bound at one
-    core per process: bytes sent / (iter_ms − 2 latency steps − the sum)."""
+def test_tcp_rate_from_measured_transfers(tmp_path):
+    """HOST_RATES' tcp is what TCP_REFERENCE (a bucket's measured sum) implies; the inversions
+    by hand: a CPU-bound caffe8 sum on 2x1 (one core per process): bytes sent / (its time − 2
+    latency steps − the sum of half the elements); an mpi-fp32 row: the same with its
+    recursive-halving steps. Fed back, the model gives the measured times."""
     import os
     import sys
     repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     sys.path.insert(0, os.path.join(repo, "scripts"))
     import perf_model as cli
-    caffenet = cli.emulated_layers(cli.EMULATED_NETS["caffenet"])
-    assert cli.tcp_rate_from_reference(cli.TCP_REFERENCE, caffenet) == pytest.approx(
-        cli.HOST_RATES["tcp"], rel=1e-3)
+    from comm import perf_model as pm
+    ref = cli.TCP_REFERENCE
+    assert cli.tcp_rate_from_sum(ref["elements"], ref["seconds"], ref["codec"], ref["nodes"],
+                                 ref["ppn"]) == pytest.approx(cli.HOST_RATES["tcp"], rel=1e-3)
+    # 2e6 float32 elements summed on 2 nodes in 20 ms: 8e6 bytes sent per process; the sum of
+    # 1e6 elements at 1e9/s is 1 ms
+    a = cli.ALPHA_COLLECTIVE
+    want = 8e6 / (0.020 - 2 * a - 1e-3)
+    got = cli.tcp_rate_from_sum(2_000_000, 0.020, "fp32", 2, 1, {"fp32_sum": 1e9})
+    assert got == pytest.approx(want, rel=1e-9)
+    c8, _, host, _, network = cli.cluster_costs(dict(cli.HOST_RATES, fp32_sum=1e9, tcp=got), 2,
+                                                8e9, 1)
+    steps = pm.c8_collective_steps(2_000_000, c8["fp32"], network, host, 2, 1)
+    assert pm.simulate_threads({"comm": steps}, 1.0)[0]["comm"] == pytest.approx(0.020)
+    with pytest.raises(ValueError, match="2 or more nodes"):
+        cli.tcp_rate_from_sum(2_000_000, 0.0005, "fp32", 2, 1)     # under 2 latencies
+    # mpi-fp32 on the toy net: 3e6 float32, 12e6 bytes cross per process; its sum of 1.5e6
     proto = tmp_path / "toy.prototxt"
     proto.write_text(TOY_EMULATED)
     toy = cli.emulated_layers(str(proto))
     row = {"nodes": "2", "ppn": "1", "rate": "8gbit", "variant": "mpi-fp32", "iter_ms": "40"}
-    # 3e6 float32: 12e6 bytes cross per process; the sum of 1.5e6 elements at 1e9/s: 1.5 ms
-    want = 12e6 / (0.040 - 2 * cli.ALPHA_COLLECTIVE - 1.5e-3)
-    got = cli.tcp_rate_from_reference(row, toy, {"fp32_sum": 1e9})
+    want = 12e6 / (0.040 - 2 * a - 1.5e-3)
+    got = cli.tcp_rate_from_mpi_reference(row, toy, {"fp32_sum": 1e9})
     assert got == pytest.approx(want, rel=1e-9)
-    # the model fed that rate gives the row's time back
     assert 1e3 * cli.predict_cluster_row(row | {"baseline_ms": "0"}, toy, dict(
         cli.HOST_RATES, fp32_sum=1e9, tcp=got), cli.HOST_CORES) == pytest.approx(40.0, rel=1e-9)
     with pytest.raises(ValueError, match="CPU-bound"):    # 12e6 B at 1e9 B/s: 12.5 ms of link
-        cli.tcp_rate_from_reference(row | {"iter_ms": "12"}, toy)
+        cli.tcp_rate_from_mpi_reference(row | {"iter_ms": "12"}, toy)
     with pytest.raises(ValueError, match="CPU-bound"):
-        cli.tcp_rate_from_reference(row | {"variant": "ddp-fp32"}, toy)
+        cli.tcp_rate_from_mpi_reference(row | {"variant": "ddp-fp32"}, toy)
