@@ -58,8 +58,9 @@ latency α, and host rates of one core (r_x, elements/s):
   transfers are CPU-bound);
 * caffe8's hierarchical sum of n elements of b bytes (``c8_collective_steps``): P' > 1: a
   barrier α_s and (P'−1)/P'·n/r_sum (shared-memory reduce-scatter); N > 1: n/P'/r_between
-  (fp8's rescale; none with P' = 1, where the encode's scale holds it), then for the Alltoallv and the Allgather each α + a transfer of
-  (N−1)/N·nb/P' bytes at R/P' (the node's P' processes share its link), between them
+  (fp8's rescale; none with P' = 1, where the encode's scale holds it), then for the Alltoallv
+  and the Allgather each α + a transfer of (N−1)/N·nb/P' bytes at R/P' (the node's P'
+  processes share its link), between them
   (N−1)/N·n/P'/r_sum; P' > 1: a barrier and (P'−1)/P'·nb / r_copy (the allgather's copies);
 * caffe8 synchronous: everything on the compute thread after backward, per tensor in ready
   order encode n/r_encode, the bucket sums, decode n/r_decode, the verdict's allreduce

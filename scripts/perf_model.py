@@ -1062,7 +1062,7 @@ def cluster_main(args):
                              f"of {', '.join(HOST_RATES)} with a number")
         rates[key] = value
     nets = dict(args.net)
-    rows, lines = cluster_validation(args.csv, args.out, rates, args.cores, nets,
+    _, lines = cluster_validation(args.csv, args.out, rates, args.cores, nets,
                                      bucket_kb=args.bucket_kb)
     print("\n".join(lines))
     if args.out:

@@ -197,11 +197,12 @@ def test_hierarchical_cpu_steps_by_hand():
     host = pm.HostCost(cores=4, tcp_rate=2e9, copy_rate=8e9)
     steps = pm.c8_collective_steps(n, fp8, net, host, 2, 2)
     wire = 0.5 * (n / 2) / (1e9 / 2)
+    tcp = pytest.approx(0.5 * n / 2 / 2e9)
     assert steps == [("idle", 1e-5), ("cpu", pytest.approx(0.5 * n / 4e9)),
                      ("cpu", pytest.approx(n / 2 / 2e9)),
-                     ("idle", 1e-3), ("xfer", pytest.approx(wire), pytest.approx(0.5 * n / 2 / 2e9)),
+                     ("idle", 1e-3), ("xfer", pytest.approx(wire), tcp),
                      ("cpu", pytest.approx(0.5 * n / 2 / 4e9)),
-                     ("idle", 1e-3), ("xfer", pytest.approx(wire), pytest.approx(0.5 * n / 2 / 2e9)),
+                     ("idle", 1e-3), ("xfer", pytest.approx(wire), tcp),
                      ("idle", 1e-5), ("cpu", pytest.approx(0.5 * n / 8e9))]
     # one process per node: no shared-memory stages, and the rescale is in the encode's scale
     wire = 0.5 * n / 1e9
