@@ -1063,7 +1063,7 @@ def cluster_main(args):
         rates[key] = value
     nets = dict(args.net)
     _, lines = cluster_validation(args.csv, args.out, rates, args.cores, nets,
-                                     bucket_kb=args.bucket_kb)
+                                  bucket_kb=args.bucket_kb)
     print("\n".join(lines))
     if args.out:
         print(f"wrote {os.path.join(args.out, 'cluster_model.csv')}")
