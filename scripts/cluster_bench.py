@@ -448,7 +448,7 @@ def weak_scaling(rows):
     one-process run of the same side, no exchange)."""
     out = []
     for r in summarise(rows):
-        if r["ppn"] != 1:
+        if r["ppn"] != 1 or not r["baseline_ms"]:      # (mpi-fp32 has no one-process run)
             continue
         batch = _net_batch(os.path.join(REPO, NETS.get(r["net"], r["net"])))
         base = r["baseline_ms"]

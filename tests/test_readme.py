@@ -87,3 +87,34 @@ def test_every_readme_command_and_the_python_example_run(tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     accuracy = float(re.search(r"accuracy ([\d.]+)", r.stdout).group(1))
     assert accuracy > 0.8, r.stdout
+
+
+@pytest.mark.mpi
+def test_the_across_nodes_command_runs(tmp_path):
+    """The "Across nodes" command as a new user runs it (as root, from a fresh folder with the
+    quick start's venv): digits trained on 2 emulated nodes. Under a namespace prefix of its own,
+    so that a cluster the user has up is left alone; skipped where namespaces cannot be made."""
+    sys.path.insert(0, os.path.join(REPO, "scripts"))
+    from emulated_cluster import EmulatedCluster, available
+    ok, why = available()
+    if not ok:
+        pytest.skip(why)
+    line = _block(r"## Across nodes").splitlines()[0].split("#")[0]
+    words = line.split()
+    assert words[:3] == ["python", "scripts/emulated_cluster.py", "run"], line
+    argv = [sys.executable, os.path.join(REPO, words[1]), "run", "--prefix", "c8r"]
+    for w in words[3:]:
+        argv += [sys.executable, "-m", "caffe8.cli"] if w == ".venv/bin/caffe8" else [w]
+    os.symlink(os.path.join(REPO, "prototxt"), tmp_path / "prototxt")
+    env = dict(os.environ, PYTHONPATH=REPO)
+    try:
+        r = subprocess.run(argv, cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, text=True, timeout=600)
+    finally:
+        EmulatedCluster(prefix="c8r").down()
+    if r.returncode != 0 and "emulated_cluster: error" in r.stdout and "failed" in r.stdout:
+        pytest.skip(f"namespaces cannot be made here: {r.stdout.strip()[-300:]}")
+    assert r.returncode == 0, r.stdout[-3000:]
+    assert "2 processes on 2 nodes" in r.stdout, r.stdout[-3000:]
+    accuracy = float(re.findall(r"Test net output #0: accuracy = ([\d.]+)", r.stdout)[-1])
+    assert accuracy > 0.9, r.stdout[-2000:]

@@ -35,16 +35,21 @@ def test_committed_prototxts_match_the_generator():
         assert f.read() == men.solver_text()
 
 
+def macs_by_layer(net):
+    """The tests' own multiply-add count of every layer with weights: output elements per
+    sample x weights feeding each output element (shared with test_emulated_googlenet.py)."""
+    macs = {}
+    for i, layer in enumerate(net.layers):
+        if layer.blobs:
+            top, w = net.top_vecs[i][0], layer.blobs[0]
+            macs[layer.name] = top.count // top.shape[0] * (w.count // w.shape[0])
+    return macs
+
+
 def test_tensors_and_macs_are_caffenets():
     real = _real_caffenet()
     real_shapes = [tuple(p.shape) for p in real.learnable_params]
-    real_macs = {}
-    for i, layer in enumerate(real.layers):
-        if layer.blobs:
-            top = real.top_vecs[i][0]
-            w = layer.blobs[0]
-            # output elements per sample × weights feeding each output element
-            real_macs[layer.name] = top.count // top.shape[0] * (w.count // w.shape[0])
+    real_macs = macs_by_layer(real)
     assert real_macs == men.CAFFENET_MACS
     emulated = _emulated_net()
     shapes = [tuple(p.shape) for p in emulated.learnable_params]

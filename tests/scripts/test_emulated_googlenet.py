@@ -14,6 +14,7 @@ EMULATED = os.path.join(REPO, "prototxt", "googlenet_emulated")
 CAFFENET_EMULATED = os.path.join(REPO, "prototxt", "caffenet_emulated")
 
 import make_emulated_net as men  # noqa: E402
+from tests.scripts.test_emulated_caffenet import macs_by_layer  # noqa: E402
 from caffe8.wiring import register_all  # noqa: E402
 from engine.net import Net  # noqa: E402
 from engine.net_graph import swap_data_layers  # noqa: E402
@@ -57,13 +58,7 @@ def test_tensors_and_macs_are_googlenets(real_googlenet, emulated_net):
     real = real_googlenet
     real_shapes = [tuple(p.shape) for p in real.learnable_params]
     real_count = sum(int(p.count) for p in real.learnable_params)
-    # The test's own count: output elements per sample x weights feeding each output element.
-    real_macs = {}
-    for i, layer in enumerate(real.layers):
-        if layer.blobs:
-            top = real.top_vecs[i][0]
-            w = layer.blobs[0]
-            real_macs[layer.name] = top.count // top.shape[0] * (w.count // w.shape[0])
+    real_macs = macs_by_layer(real)
     assert len(real_macs) == 64
     assert men.net_macs("googlenet") == real_macs
     assert list(real_macs)[-1] == "loss3/classifier"
