@@ -267,6 +267,9 @@ class EmulatedCluster:
     def mpiexec_argv(self, argv, ppn=1, mpiexec=None, env=None):
         """``mpiexec`` (run in node 0) over every node, ``ppn`` processes each."""
         mpiexec = mpiexec or _default_mpiexec()
+        if not os.path.exists(mpiexec):
+            raise ClusterError("no mpiexec beside this python or on PATH: run the script with "
+                               "the venv's python (.venv/bin/python), which has the mpich wheel")
         hosts = ",".join(f"{self.host(i)}:{ppn}" for i in range(self.nodes))
         cmd = [mpiexec, "-launcher", "ssh", "-launcher-exec", self.launcher, "-hosts", hosts,
                "-n", str(self.nodes * ppn)]
@@ -311,7 +314,7 @@ class EmulatedCluster:
 def _default_mpiexec():
     """The mpiexec beside this python (the venv's mpich wheel), else the one on PATH."""
     here = os.path.join(os.path.dirname(sys.executable), "mpiexec")
-    return here if os.path.exists(here) else (shutil.which("mpiexec") or "mpiexec")
+    return here if os.path.exists(here) else (shutil.which("mpiexec") or here)
 
 
 def main(argv=None):

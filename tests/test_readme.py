@@ -101,7 +101,7 @@ def test_the_across_nodes_command_runs(tmp_path):
         pytest.skip(why)
     line = _block(r"## Across nodes").splitlines()[0].split("#")[0]
     words = line.split()
-    assert words[:3] == ["python", "scripts/emulated_cluster.py", "run"], line
+    assert words[:3] == [".venv/bin/python", "scripts/emulated_cluster.py", "run"], line
     argv = [sys.executable, os.path.join(REPO, words[1]), "run", "--prefix", "c8r"]
     for w in words[3:]:
         argv += [sys.executable, "-m", "caffe8.cli"] if w == ".venv/bin/caffe8" else [w]
