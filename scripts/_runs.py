@@ -175,14 +175,17 @@ def comm_block(solver, codec, asynchronous, processes_per_node, extra=None):
 
 
 def write_run_prototxts(solver_path, run_dir, batch, codec, asynchronous, processes_per_node,
-                        max_iter, emulate=None, comm_extra=None):
+                        max_iter, emulate=None, comm_extra=None, transform=None):
     """Write ``run_dir``/net.prototxt and solver.prototxt for one run; return the solver path.
 
     The copy trains only (no test nets, no snapshots, one display line at the end) so the
-    timing is the training loop alone.
+    timing is the training loop alone. ``transform``: a function of the train NetParameter
+    applied first (e.g. data layers swapped for inputs).
     """
     from layers.emulate import emulate_layer_times
     solver, net = load_train_net(solver_path)
+    if transform is not None:
+        net = transform(net)
     net = with_batch_size(net, batch)
     if emulate:
         net = emulate_layer_times(net, emulate)

@@ -12,6 +12,10 @@ network namespaces behind a ``tc``-shaped switch), and then, ``--rounds`` times,
 (net, layout, variant) in turn — interleaved, so a change in the machine's load hits every
 variant alike. Layout ``NxP`` is N nodes of P processes.
 
+Nets: ``caffenet`` and ``googlenet`` are the emulated ones (prototxt/*_emulated: the real
+tensors, GPU-like compute that sleeps); ``lenet`` is BVLC's LeNet with real compute on the host
+(its data layers become inputs of zeros on both sides, one BLAS / intra-op thread a process).
+
 caffe8 variants ``c8-<codec>-<sync|async>`` train the net's solver with that ``comm`` block
 (``mpiexec`` across the nodes, one timing log per rank). DDP variants run
 ``scripts/cluster_bench.py --ddp-worker`` under the same mpiexec: PyTorch's
@@ -19,7 +23,8 @@ DistributedDataParallel with gloo over the same link (``GLOO_SOCKET_IFNAME=eth0`
 (``ddp-fp32``) or with the fp16 compression hook (``ddp-fp16``), one intra-op thread per process
 as torchrun sets it. Both sides do the same work: the DDP model is built from the same prototxt
 (the emulated nets: the same parameter tensors, the same per-layer sleeping forward/backward
-times in the same order, the same sum losses; SGD with the solver's lr and momentum).
+times in the same order, the same sum losses; LeNet: the same layers; SGD with the solver's lr,
+momentum and weight decay).
 
 A point's time per iteration is the median over ranks' slowest and iterations after ``--skip``
 (caffe8: the timing log's ``wall``, which covers clearing diffs, forward/backward, exchange and
@@ -49,7 +54,12 @@ REPO = os.path.dirname(HERE)
 sys.path[:0] = [p for p in (HERE, REPO) if p not in sys.path]
 
 NETS = {"caffenet": "prototxt/caffenet_emulated/solver.prototxt",
-        "googlenet": "prototxt/googlenet_emulated/solver.prototxt"}
+        "googlenet": "prototxt/googlenet_emulated/solver.prototxt",
+        "lenet": "prototxt/lenet/solver.prototxt"}
+# LeNet runs its real compute on the host: its data layers become inputs of these shapes
+# (zeros on both sides: the same arithmetic, no data files), one BLAS / intra-op thread a process
+LENET_INPUTS = {"data": (64, 1, 28, 28), "label": (64,)}
+REAL_COMPUTE_ENV = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
 FIELDS = ("net", "layout", "nodes", "ppn", "rate", "variant", "round", "iterations",
           "iter_ms", "exposed_ms", "baseline_ms", "comm_ms", "transfer_ms", "link_mb",
           "link_use", "load_1min")
@@ -71,7 +81,15 @@ def emulated_layers(solver_path):
             pending = []
     if pending:
         groups.append(("tail", pending, 0.0, 0.0))
-    return groups, (float(solver.base_lr), float(solver.momentum))
+    return groups, (float(solver.base_lr), float(solver.momentum), float(solver.weight_decay))
+
+
+def _torch_lenet(torch):
+    """BVLC's LeNet (prototxt/lenet/train_val.prototxt) in PyTorch: the same layers and shapes."""
+    nn = torch.nn
+    return nn.Sequential(nn.Conv2d(1, 20, 5), nn.MaxPool2d(2, 2), nn.Conv2d(20, 50, 5),
+                         nn.MaxPool2d(2, 2), nn.Flatten(), nn.Linear(800, 500), nn.ReLU(),
+                         nn.Linear(500, 10))
 
 
 def ddp_worker(args):
@@ -83,7 +101,7 @@ def ddp_worker(args):
     torch.set_num_threads(1)                 # torchrun's default with several processes a node
     dist.init_process_group("gloo", init_method=f"tcp://{args.master}:29517", rank=rank,
                             world_size=size)
-    groups, (lr, momentum) = emulated_layers(args.solver)
+    groups, (lr, momentum, weight_decay) = emulated_layers(args.solver)
 
     def sleep_ms(ms):
         end = time.perf_counter() + ms / 1e3
@@ -118,18 +136,28 @@ def ddp_worker(args):
                     loss = loss + t.sum()
             return loss
 
-    model = DDP(Net()) if size > 1 else Net()
+    if _real_compute(args.solver):
+        net = _torch_lenet(torch)
+        x = torch.zeros(LENET_INPUTS["data"])
+        y = torch.zeros(LENET_INPUTS["label"], dtype=torch.long)
+        loss_fn = torch.nn.CrossEntropyLoss()
+        forward = lambda m: loss_fn(m(x), y)  # noqa: E731
+    else:
+        net = Net()
+        x = torch.zeros(1)
+        forward = lambda m: m(x)  # noqa: E731
+    model = DDP(net) if size > 1 else net
     if args.variant == "ddp-fp16" and size > 1:
         from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
         model.register_comm_hook(None, default_hooks.fp16_compress_hook)
-    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum)
-    x = torch.zeros(1)
+    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum,
+                          weight_decay=weight_decay)
     walls, starts = [], []
     for _ in range(args.iters):
         starts.append(time.time())
         t0 = time.perf_counter()
         opt.zero_grad()
-        model(x).backward()
+        forward(model).backward()
         opt.step()
         walls.append(time.perf_counter() - t0)
     gathered = [None] * size
@@ -197,7 +225,8 @@ def run_caffe8(cluster, args, solver, run_dir, codec, asynchronous, nodes, ppn):
     p = nodes * ppn
     solver_copy = _runs.write_run_prototxts(solver, run_dir, _net_batch(solver), codec,
                                             asynchronous, ppn if p > 1 else 0, args.iters,
-                                            comm_extra=_runs.comm_settings(args.comm_set))
+                                            comm_extra=_runs.comm_settings(args.comm_set),
+                                            transform=_inputs_for(solver))
     logs = [os.path.join(run_dir, f"timing.r{r}.jsonl") for r in range(p)]
     for path in logs:
         if os.path.exists(path):
@@ -208,7 +237,7 @@ def run_caffe8(cluster, args, solver, run_dir, codec, asynchronous, nodes, ppn):
                                         "--solver", solver_copy, "--timing-log", logs[r]]
     # MPMD form: the argv after mpiexec's own options; cluster.run puts "-n P" first, so drop it.
     rc = _cluster_run(cluster, argv, ppn, os.path.join(run_dir, "train.log"), args.timeout,
-                      mpmd=True, nodes=nodes)
+                      mpmd=True, nodes=nodes, real=_real_compute(solver))
     if rc != 0:
         raise RuntimeError(f"caffe8 run failed (rc {rc}); see {run_dir}/train.log")
     records = [rec for path in logs for rec in _runs.read_timing_log(path)]
@@ -233,7 +262,8 @@ def run_ddp(cluster, args, solver, run_dir, variant, nodes, ppn):
     worker = "--mpi-worker" if variant == "mpi-fp32" else "--ddp-worker"
     argv = [args.python, os.path.abspath(__file__), worker, "--variant", variant,
             "--solver", solver, "--iters", str(args.iters), "--master", cluster.address(0)]
-    rc = _cluster_run(cluster, argv, ppn, log, args.timeout, nodes=nodes)
+    rc = _cluster_run(cluster, argv, ppn, log, args.timeout, nodes=nodes,
+                      real=_real_compute(solver))
     with open(log, encoding="utf-8", errors="replace") as f:
         lines = [ln for ln in f if ln.startswith("DDP-RESULT ")]
     if rc != 0 or not lines:
@@ -295,14 +325,14 @@ class LinkSampler:
         return float(numpy.interp(end, t, v) - numpy.interp(start, t, v))
 
 
-def _cluster_run(cluster, argv, ppn, log, timeout, mpmd=False, nodes=None):
+def _cluster_run(cluster, argv, ppn, log, timeout, mpmd=False, nodes=None, real=False):
     """Run on the first ``nodes`` nodes of ``cluster`` (the one-process baseline: node 0)."""
     from emulated_cluster import EmulatedCluster
     sub = cluster
     if nodes is not None and nodes != cluster.nodes:
         sub = EmulatedCluster(nodes, cluster.rate, cluster.delay, cluster.prefix, cluster.subnet)
         sub.launcher = cluster.launcher
-    cmd = sub.mpiexec_argv(argv, ppn)
+    cmd = sub.mpiexec_argv(argv, ppn, env=REAL_COMPUTE_ENV if real else None)
     if mpmd:                   # mpiexec ... -n P <argv> → mpiexec ... <MPMD argv>
         k = cmd.index("-n", cmd.index("-hosts"))
         del cmd[k:k + 2]
@@ -321,8 +351,22 @@ def _cluster_run(cluster, argv, ppn, log, timeout, mpmd=False, nodes=None):
                 cluster._kill_all(cluster.ns(i))
 
 
+def _real_compute(solver):
+    return os.path.abspath(solver) == os.path.join(REPO, NETS["lenet"])
+
+
+def _inputs_for(solver):
+    """The train-net transform of a real-compute net (data layers → inputs), else None."""
+    if not _real_compute(solver):
+        return None
+    from engine.net_graph import swap_data_layers
+    return lambda net: swap_data_layers(net, LENET_INPUTS)
+
+
 def _net_batch(solver):
     import _runs
+    if _real_compute(solver):
+        return LENET_INPUTS["data"][0]
     return _runs.net_batch_size(_runs.load_train_net(solver)[1])
 
 
@@ -487,7 +531,9 @@ def plot_weak(points, path):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--nets", default="caffenet", help="caffenet, googlenet or a solver path")
+    ap.add_argument("--nets", default="caffenet",
+                    help="caffenet, googlenet (emulated compute), lenet (real compute) or a "
+                         "solver path")
     ap.add_argument("--layouts", default="2x1", help="NODESxPROCESSES,... e.g. 2x1,2x2,4x1")
     ap.add_argument("--rates", default="1gbit,10gbit", help="link rates (tc units)")
     ap.add_argument("--delay", default="", help="one-way delay per link end (netem)")
