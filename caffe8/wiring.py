@@ -55,7 +55,7 @@ def build_trainer(solver_path, world=None, log=None, timing=None, param=None):
 
 
 def pipeline_update(trainer, exchange):
-    """Let the exchange's communication thread update each layer's params as soon as their
+    """Let the exchange's update stage update each layer's params as soon as their
     gradients are exchanged (Trainer.update_early), overlapping the rest of backward and the
     other layers' transfers instead of waiting for the last layer: with an asynchronous exchange
     of host arrays, and a solver whose update works one param at a time (not under

@@ -307,13 +307,19 @@ class Exchange(SolverCallback):
             trip.stat, trip.quantile = None, 0.0
             if self.gpu:
                 with _on(stream):
-                    t = time.perf_counter()
-                    trip.stat = codec.local_stat(self.net.flat_diff[sl], trip.tensor)
-                    trip.quantile = time.perf_counter() - t if trip.stat is not None else 0.0
-                    if trip.stat is None:
-                        self._encode(trip, stream)
+                    self._stat_or_encode(trip, stream)
             trips.append(trip)
         return Future(layer, trips)
+
+    def _stat_or_encode(self, trip, stream):
+        """The codec's statistic (timed as quantile work) and, when it has none to agree on
+        first, the encode: on the compute thread on the GPU, in the encode stage on the CPU."""
+        t = time.perf_counter()
+        trip.stat = trip.codec.local_stat(self.net.flat_diff[trip.sl], trip.tensor)
+        if trip.stat is not None:
+            trip.quantile += time.perf_counter() - t
+        else:
+            self._encode(trip, stream)
 
     def _encode(self, trip, stream):
         """Encode on the device, then start the copy of the payload into pinned host memory."""
@@ -342,14 +348,8 @@ class Exchange(SolverCallback):
         if self.gpu:
             return
         for trip in future.trips:
-            if trip.payload is not None or trip.stat is not None:
-                continue
-            t = time.perf_counter()
-            trip.stat = trip.codec.local_stat(self.net.flat_diff[trip.sl], trip.tensor)
-            if trip.stat is not None:
-                trip.quantile += time.perf_counter() - t
-            else:
-                self._encode(trip, None)
+            if trip.payload is None and trip.stat is None:
+                self._stat_or_encode(trip, None)
 
     def _transfer(self, future):
         """Agreement (and then the encode) and the copy wait for each tensor of the layer, then
@@ -435,8 +435,6 @@ class Exchange(SolverCallback):
         stream = self._stream(future.layer)
         for trip in future.trips:
             with _on(stream):
-                if not self.gpu:
-                    trip.marks["h2d"] = self.clock.mark(stream)
                 trip.marks["decode"] = self.clock.mark(stream)
                 trip.codec.decode(trip.reduced, trip.ctx, self.net.flat_diff[trip.sl])
                 trip.marks["done"] = self.clock.mark(stream)

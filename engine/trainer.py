@@ -63,7 +63,7 @@ class Trainer:
             self.close()  # the nets built so far hold files and prefetch threads
             raise
         self._last_pass = True
-        self._early = self._early_slices = None
+        self._early = self._early_index = None
         self.net.add_backward_hook(self._after_backward)
         self.losses = []
         self.smoothed_loss = 0.0
@@ -298,21 +298,11 @@ class Trainer:
         allreduce, while no exchange is in flight), so that layers can be updated as soon as
         their exchanged gradients arrive. The gradients themselves need no agreement: after the
         exchange they are the same bits on every rank, so every rank reaches the same verdict."""
-        flags, self._requests = self._requests | (0 if math.isfinite(loss) else _NONFINITE), 0
-        flags = self.world.allreduce_or(flags)
-        self._early = {"flags": flags, "ok": not flags & _NONFINITE, "done": set(),
-                       "index": self._early_index()}
-
-    def _early_index(self):
-        """{(start, stop) of a param in the flat diff: its learnable index} (host buffers)."""
-        if self._early_slices is None:
-            base = self.net.flat_diff.__array_interface__["data"][0]
-            item = self.net.flat_diff.itemsize
-            self._early_slices = {}
-            for i, p in enumerate(self.net.learnable_params):
-                start = (p.diff.__array_interface__["data"][0] - base) // item
-                self._early_slices[(start, start + p.diff.size)] = i
-        return self._early_slices
+        flags = self._agree(math.isfinite(loss))
+        if self._early_index is None:     # the net's slice of each learnable param, reversed
+            self._early_index = {(sl.start, sl.stop): i
+                                 for i, sl in enumerate(self.net.param_slices)}
+        self._early = {"flags": flags, "ok": not flags & _NONFINITE, "done": set()}
 
     def update_early(self, slices):
         """Called by the exchange (its communication thread) when the gradients of ``slices``
@@ -323,8 +313,8 @@ class Trainer:
         early = self._early
         if early is None or not early["ok"]:
             return
-        index = [early["index"][(sl.start, sl.stop)] for sl in slices
-                 if (sl.start, sl.stop) in early["index"]]
+        index = [self._early_index[(sl.start, sl.stop)] for sl in slices
+                 if (sl.start, sl.stop) in self._early_index]
         if not all(self.solver.gradients_finite(self.net.learnable_params[i].diff)
                    for i in index):
             early["ok"] = False
@@ -384,8 +374,11 @@ class Trainer:
         on one rank would otherwise pass unseen. One tiny allreduce per iteration, made after
         the exchange, when no other thread is in MPI; every rank then acts alike.
         """
-        diff = self.net.flat_diff
-        finite = math.isfinite(loss) and self.solver.gradients_finite(diff)
+        return self._agree(math.isfinite(loss) and self.solver.gradients_finite(self.net.flat_diff))
+
+    def _agree(self, finite):
+        """This rank's verdict (``finite``) and pending requests, OR-ed over all ranks (one tiny
+        allreduce); the requests are then taken."""
         flags, self._requests = self._requests | (0 if finite else _NONFINITE), 0
         return self.world.allreduce_or(flags)
 

@@ -68,20 +68,13 @@ FIELDS = ("net", "layout", "nodes", "ppn", "rate", "variant", "round", "iteratio
 # --- the DDP side ------------------------------------------------------------------------------
 def emulated_layers(solver_path):
     """[(name, [tensor shapes], forward ms, backward ms)] of an emulated net (Parameter layers
-    grouped by the EmulatedCompute that follows them), and the solver's (lr, momentum)."""
+    grouped by the EmulatedCompute that follows them), and the solver's (lr, momentum,
+    weight decay)."""
     from _runs import load_train_net
+    from make_emulated_net import read_groups
     solver, net = load_train_net(solver_path)
-    groups, pending = [], []
-    for layer in net.layer:
-        if layer.type == "Parameter":
-            pending.append(tuple(int(d) for d in layer.parameter_param.shape.dim))
-        elif layer.type == "EmulatedCompute":
-            e = layer.emulate_param
-            groups.append((layer.name, pending, float(e.forward_ms), float(e.backward_ms)))
-            pending = []
-    if pending:
-        groups.append(("tail", pending, 0.0, 0.0))
-    return groups, (float(solver.base_lr), float(solver.momentum), float(solver.weight_decay))
+    return read_groups(net), (float(solver.base_lr), float(solver.momentum),
+                              float(solver.weight_decay))
 
 
 def _torch_lenet(torch):
@@ -326,29 +319,20 @@ class LinkSampler:
 
 
 def _cluster_run(cluster, argv, ppn, log, timeout, mpmd=False, nodes=None, real=False):
-    """Run on the first ``nodes`` nodes of ``cluster`` (the one-process baseline: node 0)."""
-    from emulated_cluster import EmulatedCluster
+    """Run on the first ``nodes`` nodes of ``cluster`` (the one-process baseline: node 0), output
+    to ``log``; the exit status, or None when the job ran past ``timeout`` and was killed."""
+    from emulated_cluster import ClusterError, EmulatedCluster
     sub = cluster
     if nodes is not None and nodes != cluster.nodes:
         sub = EmulatedCluster(nodes, cluster.rate, cluster.delay, cluster.prefix, cluster.subnet)
-        sub.launcher = cluster.launcher
-    cmd = sub.mpiexec_argv(argv, ppn, env=REAL_COMPUTE_ENV if real else None)
-    if mpmd:                   # mpiexec ... -n P <argv> → mpiexec ... <MPMD argv>
-        k = cmd.index("-n", cmd.index("-hosts"))
-        del cmd[k:k + 2]
     with open(log, "w", encoding="utf-8") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=REPO,
-                                env={**os.environ, "PYTHONPATH": REPO}, start_new_session=True)
         try:
-            return proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
+            return sub.run(argv, ppn, timeout, env=REAL_COMPUTE_ENV if real else None,
+                           stdout=out, mpmd=mpmd, cwd=REPO,
+                           process_env={**os.environ, "PYTHONPATH": REPO})
+        except ClusterError as e:
+            out.write(f"cluster_bench: {e}\n")
             return None
-        finally:
-            if proc.poll() is None:
-                os.killpg(proc.pid, 9)
-                proc.wait()
-            for i in range(cluster.nodes):
-                cluster._kill_all(cluster.ns(i))
 
 
 def _real_compute(solver):

@@ -264,26 +264,31 @@ class EmulatedCluster:
         return ["ip", "netns", "exec", self.ns(i), "unshare", "--uts", "/bin/sh", "-c",
                 'hostname "$1" && shift && exec "$@"', "sh", self.host(i)] + list(argv)
 
-    def mpiexec_argv(self, argv, ppn=1, mpiexec=None, env=None):
-        """``mpiexec`` (run in node 0) over every node, ``ppn`` processes each."""
+    def mpiexec_argv(self, argv, ppn=1, mpiexec=None, env=None, mpmd=False):
+        """``mpiexec`` (run in node 0) over every node, ``ppn`` processes each; ``env``: more
+        ``-genv`` variables; ``mpmd``: ``argv`` is mpiexec's MPMD form (``-n 1 CMD : -n 1 ...``),
+        which sets the process count itself."""
         mpiexec = mpiexec or _default_mpiexec()
-        if not os.path.exists(mpiexec):
+        if shutil.which(mpiexec) is None:
             raise ClusterError("no mpiexec beside this python or on PATH: run the script with "
                                "the venv's python (.venv/bin/python), which has the mpich wheel")
         hosts = ",".join(f"{self.host(i)}:{ppn}" for i in range(self.nodes))
-        cmd = [mpiexec, "-launcher", "ssh", "-launcher-exec", self.launcher, "-hosts", hosts,
-               "-n", str(self.nodes * ppn)]
+        cmd = [mpiexec, "-launcher", "ssh", "-launcher-exec", self.launcher, "-hosts", hosts]
+        if not mpmd:
+            cmd += ["-n", str(self.nodes * ppn)]
         for key, value in {**LINK_ENV, **(env or {})}.items():
             cmd += ["-genv", key, str(value)]
         return self.in_node(0, cmd + list(argv))
 
-    def run(self, argv, ppn=1, timeout=None, env=None, stdout=None, mpiexec=None):
+    def run(self, argv, ppn=1, timeout=None, env=None, stdout=None, mpiexec=None, mpmd=False,
+            cwd=None, process_env=None):
         """Run ``argv`` as an MPI job on every node (``ppn`` each); returns the exit status.
+        ``cwd`` / ``process_env``: the job's working folder and environment (default ours).
 
         Ctrl-C, a timeout or any error kills the whole job (every process in the namespaces)."""
-        cmd = self.mpiexec_argv(argv, ppn, mpiexec, env)
+        cmd = self.mpiexec_argv(argv, ppn, mpiexec, env, mpmd)
         proc = subprocess.Popen(cmd, stdout=stdout, stderr=subprocess.STDOUT if stdout else None,
-                                start_new_session=True)
+                                cwd=cwd, env=process_env, start_new_session=True)
         try:
             return proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
@@ -312,7 +317,9 @@ class EmulatedCluster:
 
 
 def _default_mpiexec():
-    """The mpiexec beside this python (the venv's mpich wheel), else the one on PATH."""
+    """The mpiexec beside this python (the venv's mpich wheel), else the one on PATH (as
+    _runs._default_mpiexec; not imported from there: this tool needs only the standard library,
+    so it can say what is missing without the project's packages)."""
     here = os.path.join(os.path.dirname(sys.executable), "mpiexec")
     return here if os.path.exists(here) else (shutil.which("mpiexec") or here)
 

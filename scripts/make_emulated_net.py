@@ -228,6 +228,24 @@ def solver_text(net="caffenet"):
     ]) + "\n"
 
 
+def read_groups(net):
+    """[(name, [tensor shape, ...], forward ms, backward ms)] of a parsed emulated NetParameter:
+    one entry per EmulatedCompute layer with the Parameter tensors since the previous one, in
+    net order; tensors after the last get an entry "tail" of no compute. The one reader of the
+    format written here (scripts/cluster_bench.py's DDP side, scripts/perf_model.py's model)."""
+    groups, pending = [], []
+    for layer in net.layer:
+        if layer.type == "Parameter":
+            pending.append(tuple(int(d) for d in layer.parameter_param.shape.dim))
+        elif layer.type == "EmulatedCompute":
+            e = layer.emulate_param
+            groups.append((layer.name, pending, float(e.forward_ms), float(e.backward_ms)))
+            pending = []
+    if pending:
+        groups.append(("tail", pending, 0.0, 0.0))
+    return groups
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--net", choices=NETS, default="caffenet")

@@ -650,21 +650,11 @@ def emulated_layers(path):
     """LayerCosts of an emulated net prototxt: one per EmulatedCompute layer, with its
     forward/backward sleep and the Parameter tensors since the previous one (element counts);
     tensors after the last get a layer of no compute."""
+    import math
     from engine.prototxt import parse_file
-    layers, pending = [], []
-    for layer in parse_file(path).layer:
-        if layer.type == "Parameter":
-            count = 1
-            for d in layer.parameter_param.shape.dim:
-                count *= int(d)
-            pending.append(count)
-        elif layer.type == "EmulatedCompute":
-            e = layer.emulate_param
-            layers.append(pm.LayerCost(layer.name, float(e.forward_ms) / 1e3,
-                                       float(e.backward_ms) / 1e3, pending))
-            pending = []
-    if pending:
-        layers.append(pm.LayerCost("tail", 0.0, 0.0, pending))
+    from make_emulated_net import read_groups          # scripts/ (this file's folder)
+    layers = [pm.LayerCost(name, fwd / 1e3, bwd / 1e3, [math.prod(s) for s in shapes])
+              for name, shapes, fwd, bwd in read_groups(parse_file(path))]
     if not layers:
         raise ValueError(f"{path}: no EmulatedCompute or Parameter layers")
     return layers

@@ -110,13 +110,16 @@ class SGDSolver:
         if self.param.display and self.iter % self.param.display == 0:
             self.log(f"Iteration {self.iter}, lr = {format_g(rate)}")
         self.clip_gradients()
-        for i in range(len(self.net.learnable_params)):
-            if i in done:
-                continue
+        self._update_params([i for i in range(len(self.net.learnable_params)) if i not in done],
+                            rate)
+        self.iter += 1
+
+    def _update_params(self, indices, rate):
+        """Caffe's per-param steps for ``indices``: normalise, regularise, update value, w -= diff."""
+        for i in indices:
             self.normalize(i)
             self.regularize(i)
             self.update_param(i, rate)
-        self.iter += 1
 
     def supports_early_update(self):
         """Can params be updated one layer at a time as their gradients become final
@@ -127,11 +130,7 @@ class SGDSolver:
         """Update the learnable params ``indices`` now, with this iteration's rate, exactly as
         the coming :meth:`apply_update` would (it then skips them: pass them as ``done``). Every
         param's update reads only its own data, diff and history, so the order is free."""
-        rate = self.learning_rate()
-        for i in indices:
-            self.normalize(i)
-            self.regularize(i)
-            self.update_param(i, rate)
+        self._update_params(indices, self.learning_rate())
 
     def update_param(self, i, rate):
         """diff = update value of param i (``compute_update_value``), then w -= diff (param i's
