@@ -66,8 +66,12 @@ def test_readme_section_commands_run(tmp_path):
             argv[0] = mpiexec
         r = subprocess.run(argv, cwd=tmp_path, env=env, stdout=subprocess.PIPE,
                            stderr=subprocess.STDOUT, text=True, timeout=300)
-        assert r.returncode == 0, f"{line}\n{r.stdout[-3000:]}"
         assert "Traceback" not in r.stdout, line
+        if "draw_net" in argv and argv[-1].endswith(".png") and shutil.which("dot") is None:
+            # without graphviz: one line that says what to install (a new user's machine)
+            assert r.returncode != 0 and "apt-get install graphviz" in r.stdout, r.stdout
+            continue
+        assert r.returncode == 0, f"{line}\n{r.stdout[-3000:]}"
     assert (tmp_path / "data/fashion_mnist/mean.binaryproto").exists()
     for png in ("lenet_fashion_mnist_accuracy.png", "lenet.png"):
         if png == "lenet.png" and shutil.which("dot") is None:
