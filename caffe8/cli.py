@@ -448,7 +448,9 @@ def limit_blas_threads():
 
 
 def main(argv=None):
+    from caffe8.engine.message import freeze_after_builds
     limit_blas_threads()
+    freeze_after_builds()  # one run, then exit: its nets are never collected (message.py)
     parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["bench"]:  # everything after it, --help included, is the script's

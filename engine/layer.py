@@ -106,17 +106,15 @@ class Layer(abc.ABC):
 
     def _check_counts(self, bottom, top):
         nb, nt = len(bottom), len(top)
-        checks = [
-            (self.exact_num_bottom, nb == self.exact_num_bottom, f"takes exactly {self.exact_num_bottom} bottom blob(s)", nb),
-            (self.min_bottom, self.min_bottom is None or nb >= self.min_bottom, f"takes at least {self.min_bottom} bottom blob(s)", nb),
-            (self.max_bottom, self.max_bottom is None or nb <= self.max_bottom, f"takes at most {self.max_bottom} bottom blob(s)", nb),
-            (self.exact_num_top, nt == self.exact_num_top, f"produces exactly {self.exact_num_top} top blob(s)", nt),
-            (self.min_top, self.min_top is None or nt >= self.min_top, f"produces at least {self.min_top} top blob(s)", nt),
-            (self.max_top, self.max_top is None or nt <= self.max_top, f"produces at most {self.max_top} top blob(s)", nt),
-        ]
-        for limit, ok, what, got in checks:
-            if limit is not None and not ok:
-                raise self.error(f"{what}, got {got}")
+        for limit, ok, what, got in (
+                (self.exact_num_bottom, lambda l: nb == l, "takes exactly {} bottom blob(s)", nb),
+                (self.min_bottom, lambda l: nb >= l, "takes at least {} bottom blob(s)", nb),
+                (self.max_bottom, lambda l: nb <= l, "takes at most {} bottom blob(s)", nb),
+                (self.exact_num_top, lambda l: nt == l, "produces exactly {} top blob(s)", nt),
+                (self.min_top, lambda l: nt >= l, "produces at least {} top blob(s)", nt),
+                (self.max_top, lambda l: nt <= l, "produces at most {} top blob(s)", nt)):
+            if limit is not None and not ok(limit):
+                raise self.error(f"{what.format(limit)}, got {got}")
 
     def make_param(self, shape, filler_param):
         """Append a parameter Blob of ``shape`` filled by ``filler_param``; returns it."""

@@ -23,6 +23,7 @@ from caffe8.engine.blob import Blob
 from caffe8.engine.errors import CaffeError, LayerError
 from caffe8.engine.layer import create_layer
 from caffe8.engine.net_graph import filter_net, insert_splits, upgrade_net_input
+from caffe8.engine.message import paused_gc
 from caffe8.engine.prototxt import Message, parse_file, to_text
 from caffe8.engine.validate import validate
 
@@ -45,9 +46,11 @@ def phase_name(phase):
 class Net:
     """A Caffe net; see the module docstring and docs/ARCHITECTURE.md for the attributes."""
 
+    @paused_gc()
     def __init__(self, model, phase="TRAIN", weights=None, level=None, stages=(),
                  dtype=numpy.float32, rank=0, world=1, log=None):
-        param = parse_file(model) if isinstance(model, (str, os.PathLike)) else validate(model)
+        parsed = isinstance(model, (str, os.PathLike))  # then the message is ours: no copy
+        param = parse_file(model) if parsed else validate(model)
         phase = self.phase = phase_name(phase)
         self.dtype = numpy.dtype(dtype)
         self.rank, self.world = rank, world
@@ -56,7 +59,7 @@ class Net:
         # level is ours when given, else the file's (what a solver's train_state/test_state sets)
         stages = list(param.state.stage) + list(stages)
         level = param.state.level if level is None else level
-        param = filter_net(param, phase, level, stages)    # a copy: ours to change
+        param = filter_net(param, phase, level, stages, copy=not parsed)  # ours to change
         if param.input or param.input_shape or param.input_dim:
             param = upgrade_net_input(param)
         if not param.layer:  # an empty file, or only comments: nothing to run
@@ -136,8 +139,6 @@ class Net:
     def _build_layer(self, layer_param, available):
         if not layer_param.has("phase"):
             layer_param.phase = self.phase
-        if self._log:  # layer_factory's line, then net.cpp's (one write: 100,000-layer nets)
-            self._log(f"Creating layer {layer_param.name}\nCreating Layer {layer_param.name}")
         layer = create_layer(layer_param, self.phase, self.dtype)
         i = len(self.layers)
         self.layers.append(layer)
@@ -168,8 +169,9 @@ class Net:
                 top_names.append("(automatic)")
         if layer.is_data:
             layer.rank, layer.world = self.rank, self.world
-        if self._log:
-            self._log("\n".join([f"{layer.name} <- {name}" for name in bottoms]
+        if self._log:  # layer_factory's line, then net.cpp's (one write: 100,000-layer nets)
+            self._log("\n".join([f"Creating layer {layer.name}", f"Creating Layer {layer.name}"]
+                                + [f"{layer.name} <- {name}" for name in bottoms]
                                 + [f"{layer.name} -> {name}" for name in layer_param.top]
                                 + [f"Setting up {layer.name}"]))
         self._setup_layer(layer, bottom_vec, top_vec)
@@ -218,19 +220,20 @@ class Net:
         return blob
 
     def _setup_layer(self, layer, bottom_vec, top_vec):
-        where = layer.layer_param.location()
-        where = None if where.startswith("<") else where  # not read from a file
+        def where():  # the layer's place in its file (None when not read from one)
+            place = layer.layer_param.location()
+            return None if place.startswith("<") else place
         try:
             layer.setup(bottom_vec, top_vec)
         except LayerError as e:
             if e.layer_name != layer.name:
                 raise
-            raise e.at(where) from e.__cause__
+            raise e.at(where()) from e.__cause__
         except CaffeError:
             raise
         except Exception as e:  # a layer's own shape check failing deep inside NumPy
             raise LayerError(layer.name, f"setup failed: {type(e).__name__}: {e}",
-                             layer.type, where) from e
+                             layer.type, where()) from e
 
     def _loss_weights(self, layer, layer_param, top_vec):
         given = list(layer_param.loss_weight)
@@ -299,6 +302,7 @@ class Net:
         self.param_owners = []          # per net param: (layer, index) of its owner, or None
         self.param_layer_indices = []   # per net param: (layer index, param index)
         self._owner_by_name = {}        # param name → index into param_layer_indices
+        self.learnable_param_ids = []   # per net param: index into learnable_params (Caffe's)
         self._lr_given, self._decay_given = [], []
         for i, layer in enumerate(self.layers):
             if layer.blobs:
@@ -316,6 +320,7 @@ class Net:
             if name:
                 self._owner_by_name[name] = net_id
             self.param_owners.append(None)
+            self.learnable_param_ids.append(len(self.learnable_params))
             self.learnable_params.append(self.layers[i].blobs[k])
             self.params_lr.append(float(spec.lr_mult))
             self.params_weight_decay.append(float(spec.decay_mult))
@@ -325,7 +330,8 @@ class Net:
         owner_i, owner_k = self.param_layer_indices[self._owner_by_name[name]]
         self._check_share(i, k, owner_i, owner_k, spec)
         self.param_owners.append((owner_i, owner_k))
-        learn_id = self._learnable_index(owner_i, owner_k)
+        learn_id = self.learnable_param_ids[self._owner_by_name[name]]
+        self.learnable_param_ids.append(learn_id)
         for field, values, given in (("lr_mult", self.params_lr, self._lr_given),
                                      ("decay_mult", self.params_weight_decay, self._decay_given)):
             if not spec.has(field):
@@ -350,10 +356,6 @@ class Net:
                 raise LayerError(layer.name, f"a second layer of this name holds params (the "
                                  f"first is at {seen[layer.name]}); {why}", location=where)
             seen[layer.name] = where
-
-    def _learnable_index(self, i, k):
-        blob = self.layers[i].blobs[k]
-        return next(n for n, b in enumerate(self.learnable_params) if b is blob)
 
     def _check_share(self, i, k, owner_i, owner_k, spec):
         mine, owner = self.layers[i].blobs[k], self.layers[owner_i].blobs[owner_k]
@@ -396,7 +398,7 @@ class Net:
             owner = self.param_owners[net_id]
             blob = self.layers[i].blobs[k]
             if owner is None:
-                sl = self.param_slices[self._learnable_index(i, k)]
+                sl = self.param_slices[self.learnable_param_ids[net_id]]
                 self.layer_param_slices[i].append((k, sl))
             else:  # Caffe's ShareData + ShareDiff: the owner's memory under this blob's shape
                 src = self.layers[owner[0]].blobs[owner[1]]

@@ -52,11 +52,13 @@ def _without_layers(net_param):
         net_param.layer = layers
 
 
-def filter_net(net_param, phase, level=0, stages=()):
-    """Copy of ``net_param`` holding only the layers the NetState includes."""
+def filter_net(net_param, phase, level=0, stages=(), copy=True):
+    """Copy of ``net_param`` holding only the layers the NetState includes (``copy=False``: the
+    same layer messages, for a caller that owns ``net_param``, e.g. one it just parsed)."""
     out = _without_layers(net_param)
     stages = set(stages)
-    out.layer = [l.copy() for l in net_param.layer if layer_included(l, phase, level, stages)]
+    out.layer = [l.copy() if copy else l for l in net_param.layer
+                 if layer_included(l, phase, level, stages)]
     return out
 
 
@@ -137,34 +139,37 @@ def _split_layer(blob, producer, top_index, count, loss_weight, where):
 
 
 def insert_splits(net_param):
-    """Caffe's InsertSplits on a filtered NetParameter (names as insert_splits.cpp)."""
+    """Caffe's InsertSplits on a filtered NetParameter (names as insert_splits.cpp). A new
+    NetParameter: the layers it changes are copies, the others are ``net_param``'s own."""
     layers = list(net_param.layer)
     source, uses, weights = _count_uses(layers)
     next_split = {}
     out_layers = []
     for i, layer in enumerate(layers):
-        layer = layer.copy()
         bottoms = list(layer.bottom)
+        changed = False
         for j, name in enumerate(bottoms):
             src = source[(i, j)]
             if uses.get(src, 0) > 1:
                 k = next_split.get(src, 0)
                 bottoms[j] = split_blob_name(name, layers[src[0]].name, src[1], k)
                 next_split[src] = k + 1
-        if bottoms:
+                changed = True
+        split_tops = [j for j in range(len(layer.top)) if uses.get((i, j), 0) > 1]
+        if changed or any(weights.get((i, j)) for j in split_tops):
+            layer = layer.copy()
             layer.bottom = bottoms
         out_layers.append(layer)
-        for j, name in enumerate(layer.top):
-            count = uses.get((i, j), 0)
-            if count > 1:
-                w = weights.get((i, j), 0.0)
-                out_layers.append(_split_layer(name, layer.name, j, count, w, layer.location()))
-                if w:
-                    # the loss moves to split top 0; the producer's top is no longer weighted
-                    lw = list(layer.loss_weight)
-                    lw[j] = 0.0
-                    layer.loss_weight = lw
-                    next_split[(i, j)] = 1  # consumers take split tops 1, 2, ...
+        for j in split_tops:
+            w = weights.get((i, j), 0.0)
+            out_layers.append(_split_layer(layer.top[j], layer.name, j, uses[(i, j)], w,
+                                           layer.location()))
+            if w:
+                # the loss moves to split top 0; the producer's top is no longer weighted
+                lw = list(layer.loss_weight)
+                lw[j] = 0.0
+                layer.loss_weight = lw
+                next_split[(i, j)] = 1  # consumers take split tops 1, 2, ...
     out = _without_layers(net_param)
     out.layer = out_layers
     return out

@@ -18,7 +18,7 @@ import re
 
 from caffe8.engine import upgrade
 from caffe8.engine.errors import PrototxtError
-from caffe8.engine.message import Message  # noqa: F401  (re-exported: callers import it from here)
+from caffe8.engine.message import Message, paused_gc  # noqa: F401  (Message re-exported)
 from caffe8.engine.schema import SCHEMA, ENUMS, FieldSpec  # noqa: F401  (FieldSpec re-exported)
 from caffe8.engine.validate import validate
 
@@ -27,19 +27,76 @@ _FLOAT_TYPES = {"float", "double"}
 
 
 # --- tokenizer ---------------------------------------------------------------------------------
+# One token a match (group 1), the blanks and comments before it included (possessive: a comment
+# is never given back to match as a token); a number takes the name characters that follow it
+# ("5abc" is one token, refused as a number, where protobuf would refuse it too); a character
+# that starts no token is a token of its own ("bad"); the end of the text is the empty token.
 _TOKEN = re.compile(r"""
-    (?:[ \t\r\n\f\v]+|\#[^\n]*)*+  # blanks and comments before the token (possessive: a
-    (?:                                # comment is never given back to match as a token)
-    (?P<string>"(?:[^"\\\n]|\\.)*"|'(?:[^'\\\n]|\\.)*') |
-    (?P<number>[-+]?(?:0[xX][0-9a-fA-F]+|(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?[fF]?)(?![A-Za-z_\d])) |
-    (?P<ident>[-+]?[A-Za-z_][A-Za-z0-9_.]*) |
-    (?P<sym>[{}<>\[\]:,;]) |
-    (?P<bad>.) |
-    (?P<end>\Z) )                    # so that trailing blanks or a comment match too: a search
-""", re.VERBOSE)                       # never restarts inside a comment
+    (?:[ \t\r\n\f\v]+|\#[^\n]*)*+
+    (   "(?:[^"\\\n]|\\.)*" | '(?:[^'\\\n]|\\.)*'
+      | [-+]?(?:0[xX][0-9a-fA-F]+|(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?[fF]?)[A-Za-z0-9_.]*
+      | [-+]?[A-Za-z_][A-Za-z0-9_.]*
+      | [{}<>\[\]:,;]
+      | .
+      | \Z )
+""", re.VERBOSE)
+_NUMBER = re.compile(r"[-+]?(?:0[xX][0-9a-fA-F]+|(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?[fF]?)")
+_IDENT_START = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ_")
+_NUMBER_START = frozenset("0123456789.")
+_SYMS = frozenset("{}<>[]:,;")
+_STRING, _BOOL, _INT, _FLOAT, _ENUM = range(5)
+_KIND = {"string": _STRING, "bytes": _STRING, "bool": _BOOL, "float": _FLOAT, "double": _FLOAT,
+         **{t: _INT for t in _INT_TYPES}}
 
 _ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "\\": "\\", "'": "'", '"': '"', "a": "\a",
             "b": "\b", "f": "\f", "v": "\v", "?": "?"}
+
+
+def _kind(tok):
+    """"string", "number", "ident", "sym", "eof" or "bad" for a token of ``_TOKEN``."""
+    if not tok:
+        return "eof"
+    c = tok[0]
+    if c in "\"'":
+        return "string" if len(tok) > 1 else "bad"
+    if c in _IDENT_START:
+        return "ident"
+    if c in _SYMS:
+        return "sym"
+    if c in "+-" and len(tok) > 1:
+        c = tok[1]
+        if c in _IDENT_START:
+            return "ident"
+    if c in _NUMBER_START:
+        return "number" if _NUMBER.fullmatch(tok) else "bad"
+    return "bad"
+
+
+class Source(str):
+    """The name of a prototxt file (it is that string) that also finds the ``line:col`` of its
+    tokens. The parser records a field's place as its token's index (``Message._locs``); the
+    line and column are worked out only when a message asks (``Message.location``), by a second
+    pass over the text that goes only as far as the token asked for: a 50 MB net pays for line
+    numbers only where an error or a log line names one."""
+
+    def __new__(cls, name, text):
+        self = super().__new__(cls, name)
+        self._text, self._pos, self._scan = text, [], _TOKEN.finditer(text)
+        self._line, self._line_start, self._at = 1, 0, 0
+        return self
+
+    def line_col(self, index):
+        """(line, column) of token ``index``, both from 1."""
+        pos, text = self._pos, self._text
+        while len(pos) <= index:
+            start = next(self._scan).start(1)
+            newlines = text.count("\n", self._at, start)
+            if newlines:
+                self._line += newlines
+                self._line_start = text.rfind("\n", self._at, start) + 1
+            self._at = start
+            pos.append((self._line, start - self._line_start + 1))
+        return pos[index]
 
 
 def _unescape(body, err):
@@ -74,172 +131,177 @@ def _unescape(body, err):
     return "".join(out)
 
 
-def _tokenize(text, where):
-    """(kind, text, line, column) of every token, then "eof". One match per token, the blanks,
-    newlines and comments before it included; lines are counted only between tokens, so the
-    work is linear in the file with a small constant (a 50 MB net is tokenised in seconds)."""
-    toks, line, line_start, pos = [], 1, 0, 0
-    append, count, rfind = toks.append, text.count, text.rfind
-    for m in _TOKEN.finditer(text):
-        kind = m.lastgroup
-        if kind == "end":
-            break
-        start = m.start(kind)
-        newlines = count("\n", pos, start)
-        if newlines:
-            line += newlines
-            line_start = rfind("\n", pos, start) + 1
-        pos = start
-        if kind == "bad":
-            raise PrototxtError(f"{where}:{line}:{start - line_start + 1}: unexpected character "
-                                f"{m.group(kind)!r}")
-        append((kind, m.group(kind), line, start - line_start + 1))
-    line += count("\n", pos)
-    line_start = rfind("\n") + 1
-    append(("eof", "", line, len(text) - line_start + 1 if toks or text else 1))
-    return toks
-
-
 class _Parser:
+    """Recursive descent over the token list; a field's place is kept as its token's index."""
+
     def __init__(self, text, where):
-        self.where = where
-        self.toks = _tokenize(text, where)
+        self.where = Source(where, text)
+        self.toks = _TOKEN.findall(text)
         self.i = 0
 
-    def err(self, msg, tok=None):
-        tok = tok or self.toks[self.i]
-        return PrototxtError(f"{self.where}:{tok[2]}:{tok[3]}: {msg}")
-
-    def peek(self):
-        return self.toks[self.i]
-
-    def take(self):
-        t = self.toks[self.i]
-        self.i += 1
-        return t
-
-    def accept(self, sym):
-        if self.peek()[0] == "sym" and self.peek()[1] == sym:
-            return self.take()
-        return None
+    def err(self, msg, index=None):
+        index = self.i if index is None else index
+        tok = self.toks[index]
+        if _kind(tok) == "bad":
+            msg = f"unexpected character {tok[0]!r}"
+        line, col = self.where.line_col(index)
+        return PrototxtError(f"{self.where}:{line}:{col}: {msg}")
 
     def parse_message(self, msg, close=None):
+        toks = self.toks
+        fields = SCHEMA[msg._type]
+        values, locs = msg._values, msg._locs
+        i = self.i
         while True:
-            tok = self.peek()
-            if tok[0] == "eof":
+            name = toks[i]
+            if name == close:
+                self.i = i + 1
+                return
+            if not name:
+                self.i = i
                 if close:
                     raise self.err(f"unexpected end of file: missing '{close}'")
                 return
-            if close and tok[0] == "sym" and tok[1] == close:
-                self.take()
-                return
-            if tok[0] != "ident":
-                raise self.err(f"expected a field name, got {tok[1]!r}")
-            self.take()
-            name = tok[1]
-            fields = SCHEMA[msg._type]
+            if name[0] not in _IDENT_START:
+                raise self.err(f"expected a field name, got {name!r}", i)
             spec = fields.get(name)
             if spec is None:
                 raise self.err(f"unknown field '{name}' in {msg._type}; valid fields: "
-                               + ", ".join(sorted(fields)), tok)
+                               + ", ".join(sorted(fields)), i)
+            at = i
+            i += 1
             if spec.is_message:
-                self.accept(":")
-                if self.peek()[0] == "sym" and self.peek()[1] == "[" and spec.repeated:
-                    self.take()
-                    while not self.accept("]"):
-                        self._store(msg, name, spec, self.parse_submessage(spec), tok)
-                        self.accept(",")
+                if toks[i] == ":":
+                    i += 1
+                if toks[i] == "[" and spec.repeated:
+                    i += 1
+                    while toks[i] != "]":
+                        self.i = i
+                        self._store(msg, name, spec, self.parse_submessage(spec), at)
+                        i = self.i
+                        if toks[i] == ",":
+                            i += 1
+                    i += 1
                 else:
-                    self._store(msg, name, spec, self.parse_submessage(spec), tok)
+                    self.i = i
+                    self._store(msg, name, spec, self.parse_submessage(spec), at)
+                    i = self.i
             else:
-                if not self.accept(":"):
-                    raise self.err(f"expected ':' after field '{name}'")
-                if spec.repeated and self.accept("["):
-                    while not self.accept("]"):
-                        self._store(msg, name, spec, self.parse_scalar(spec, name), tok)
-                        if not self.accept(","):
-                            if not (self.peek()[0] == "sym" and self.peek()[1] == "]"):
-                                raise self.err("expected ',' or ']' in list")
+                if toks[i] != ":":
+                    raise self.err(f"expected ':' after field '{name}'", i)
+                i += 1
+                if spec.repeated:
+                    if toks[i] == "[":
+                        i += 1
+                        while toks[i] != "]":
+                            value, i = self.parse_scalar(spec, name, i)
+                            self._store(msg, name, spec, value, at)
+                            if toks[i] == ",":
+                                i += 1
+                            elif toks[i] != "]":
+                                raise self.err("expected ',' or ']' in list", i)
+                        i += 1
+                    else:
+                        value, i = self.parse_scalar(spec, name, i)
+                        lst = values.get(name)
+                        if lst is None:
+                            values[name] = [value]
+                            locs.setdefault(name, at)
+                        else:
+                            lst.append(value)
                 else:
-                    self._store(msg, name, spec, self.parse_scalar(spec, name), tok)
-            self.accept(",") or self.accept(";")
+                    value, i = self.parse_scalar(spec, name, i)
+                    if name in values:
+                        self._store(msg, name, spec, value, at)  # says it is set twice
+                    values[name] = value
+                    locs[name] = at
+            sep = toks[i]
+            if sep == "," or sep == ";":
+                i += 1
 
     def parse_submessage(self, spec):
-        open_tok = self.peek()
-        if self.accept("{"):
+        at = self.i
+        tok = self.toks[at]
+        if tok == "{":
             close = "}"
-        elif self.accept("<"):
+        elif tok == "<":
             close = ">"
         else:
             raise self.err(f"expected '{{' to open a {spec.type}")
+        self.i = at + 1
         sub = Message(spec.type, self.where)
-        sub._locs[None] = (open_tok[2], open_tok[3])
+        sub._locs[None] = at
         self.parse_message(sub, close)
         return sub
 
-    def parse_scalar(self, spec, name):
-        tok = self.take()
-        kind, text = tok[0], tok[1]
-        t = spec.type
-        if t in ("string", "bytes"):
-            if kind != "string":
-                raise self.err(f"field '{name}' expects a quoted string, got {text!r}", tok)
-            parts = [_unescape(text[1:-1], lambda m: self.err(m, tok))]
-            while self.peek()[0] == "string":  # adjacent literals concatenate
-                nxt = self.take()
-                parts.append(_unescape(nxt[1][1:-1], lambda m: self.err(m, nxt)))
-            return "".join(parts)
-        if t == "bool":
-            if text in ("true", "True", "t", "1"):
-                return True
-            if text in ("false", "False", "f", "0"):
-                return False
-            raise self.err(f"field '{name}' expects true or false, got {text!r}", tok)
-        if t in _INT_TYPES:
-            if kind != "number":
-                raise self.err(f"field '{name}' expects an integer, got {text!r}", tok)
+    def parse_scalar(self, spec, name, i):
+        """(value, index of the next token) for the scalar field ``spec`` at token ``i``."""
+        toks = self.toks
+        tok = toks[i]
+        kind = _KIND.get(spec.type, _ENUM)
+        if kind == _STRING:
+            if tok[:1] not in ("'", '"') or len(tok) < 2:
+                raise self.err(f"field '{name}' expects a quoted string, got {tok!r}", i)
+            parts = [_unescape(tok[1:-1], lambda m, at=i: self.err(m, at))]
+            i += 1
+            while toks[i][:1] in ("'", '"') and len(toks[i]) > 1:  # adjacent literals concatenate
+                parts.append(_unescape(toks[i][1:-1], lambda m, at=i: self.err(m, at)))
+                i += 1
+            return (parts[0] if len(parts) == 1 else "".join(parts)), i
+        if kind == _BOOL:
+            if tok in ("true", "True", "t", "1"):
+                return True, i + 1
+            if tok in ("false", "False", "f", "0"):
+                return False, i + 1
+            raise self.err(f"field '{name}' expects true or false, got {tok!r}", i)
+        if kind == _INT:
+            if _kind(tok) != "number":
+                raise self.err(f"field '{name}' expects an integer, got {tok!r}", i)
             try:
-                v = int(text, 0) if not text.lstrip("+-").lower().startswith("0x") else int(text, 16)
+                v = int(tok, 0) if not tok.lstrip("+-").lower().startswith("0x") else int(tok, 16)
             except ValueError:
-                raise self.err(f"field '{name}' expects an integer, got {text!r}", tok) from None
-            if t.startswith("uint") and v < 0:
-                raise self.err(f"field '{name}' must not be negative, got {text}", tok)
-            return v
-        if t in _FLOAT_TYPES:
-            if kind == "number":
-                s = text[:-1] if text[-1] in "fF" and "x" not in text.lower() else text
-                return float(int(s, 16)) if "x" in s.lower() else float(s)
-            low = text.lower().lstrip("+")
+                raise self.err(f"field '{name}' expects an integer, got {tok!r}", i) from None
+            if spec.type.startswith("uint") and v < 0:
+                raise self.err(f"field '{name}' must not be negative, got {tok}", i)
+            return v, i + 1
+        if kind == _FLOAT:
+            k = _kind(tok)
+            if k == "number":
+                s = tok[:-1] if tok[-1] in "fF" and "x" not in tok.lower() else tok
+                return (float(int(s, 16)) if "x" in s.lower() else float(s)), i + 1
+            low = tok.lower().lstrip("+") if k == "ident" else ""
             if low in ("inf", "infinity", "-inf", "-infinity", "nan", "-nan"):
-                return float(low.replace("infinity", "inf"))
-            raise self.err(f"field '{name}' expects a number, got {text!r}", tok)
-        if t in ENUMS:
-            values = ENUMS[t]
-            if kind == "number":
-                try:
-                    code = int(text, 0)
-                except ValueError:
-                    code = None
-                names = [k for k, v in values.items() if v == code]
-                if names:
-                    return names[0]
-            elif kind == "ident" and text in values:
-                return text
-            raise self.err(f"field '{name}' expects one of {', '.join(values)}; got {text!r}", tok)
-        raise AssertionError(f"schema type {t} unhandled")
+                return float(low.replace("infinity", "inf")), i + 1
+            raise self.err(f"field '{name}' expects a number, got {tok!r}", i)
+        values = ENUMS[spec.type]
+        k = _kind(tok)
+        if k == "number":
+            try:
+                code = int(tok, 0)
+            except ValueError:
+                code = None
+            names = [n for n, v in values.items() if v == code]
+            if names:
+                return names[0], i + 1
+        elif k == "ident" and tok in values:
+            return tok, i + 1
+        raise self.err(f"field '{name}' expects one of {', '.join(values)}; got {tok!r}", i)
 
-    def _store(self, msg, name, spec, value, tok):
+    def _store(self, msg, name, spec, value, at):
         if spec.repeated:
             msg._values.setdefault(name, []).append(value)
-            msg._locs.setdefault(name, (tok[2], tok[3]))
+            msg._locs.setdefault(name, at)
         else:
             if name in msg._values:
+                first = msg._locs[name]
+                line = self.where.line_col(first)[0] if isinstance(first, int) else first[0]
                 raise self.err(f"field '{name}' of {msg._type} is set twice "
-                               f"(first at line {msg._locs[name][0]})", tok)
+                               f"(first at line {line})", at)
             msg._values[name] = value
-            msg._locs[name] = (tok[2], tok[3])
+            msg._locs[name] = at
 
 
+@paused_gc()
 def parse_text(text, filename="<string>", type_name="NetParameter"):
     """Parse prototxt ``text`` as message ``type_name``; errors name ``filename:line:col``.
 
@@ -247,7 +309,7 @@ def parse_text(text, filename="<string>", type_name="NetParameter"):
     return them (``engine.upgrade``); every field is then checked against its allowed values
     (``engine.validate``), so a bad value fails here, naming its ``filename:line:col``."""
     p = _Parser(text, filename)
-    msg = Message(type_name, filename)
+    msg = Message(type_name, p.where)
     msg._locs[None] = (1, 1)
     p.parse_message(msg)
     if type_name == "NetParameter":

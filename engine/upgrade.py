@@ -151,7 +151,7 @@ def upgrade_solver(solver):
     loc = solver._locs.get("solver_type")
     solver.type = SOLVER_TYPE_NAMES[solver.solver_type]
     solver.clear("solver_type")
-    if loc:
+    if loc is not None:
         solver._locs["type"] = loc
     return solver
 

@@ -106,27 +106,34 @@ def _constrained(spec):
         spec.type in _INT_BOUNDS
 
 
+#: per message type: its required fields, and the fields that need a look (sub-messages, to
+#: walk them, and constrained scalars): most fields of a big net need none
+_REQUIRED = {t: [n for n, s in fields.items() if s.required] for t, fields in SCHEMA.items()}
+_LOOK = {t: {n: s for n, s in fields.items() if s.is_message or _constrained(s)}
+         for t, fields in SCHEMA.items()}
+
+
 def validate(msg, path=None):
     """Raise ``PrototxtError`` at the first field of ``msg`` (recursively) that breaks its rule;
     return ``msg``. Every message is checked here, wherever it comes from: a file or text
     (``engine.prototxt``), NetSpec, or built in Python (checked by the Net, Trainer and comm block
     that take it). ``path``: how ``msg`` is reached (default: its type), for the error's place."""
     path = path or msg.type_name
-    fields = SCHEMA[msg.type_name]
-    for name, spec in fields.items():
-        if spec.required and not msg.has(name):
+    for name in _REQUIRED[msg.type_name]:
+        if not msg.has(name):
             raise PrototxtError(f"{place(msg, None, path)}: {msg.type_name} needs field "
                                 f"'{name}' (required)")
+    look = _LOOK[msg.type_name]
     for name in msg.fields():
-        spec = fields[name]
+        spec = look.get(name)
+        if spec is None:
+            continue
         value = getattr(msg, name)
         values = value if spec.repeated else [value]
         if spec.is_message:
             for i, sub in enumerate(values):
                 validate(sub, _item_path(path, name, i, sub) if spec.repeated else
                          f"{path}.{name}")
-            continue
-        if not _constrained(spec):
             continue
         for v in values:
             reason = check_value(spec, v)
