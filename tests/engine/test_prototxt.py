@@ -85,3 +85,22 @@ def test_writing_into_an_unset_submessage_attaches_it():
     l = parse_layer('name: "x"')
     l.convolution_param.weight_filler.std = 0.5
     assert l.has("convolution_param") and l.convolution_param.weight_filler.std == 0.5
+
+
+def test_locations_worked_out_on_demand_match_the_text():
+    """Field places are kept as token indices and turned into line:col only when asked, in any
+    order; each must point at the field's name in the text."""
+    lines = ['name: "n"  # a comment with "quotes" and { braces']
+    for i in range(30):
+        lines += [f"layer {{  # layer {i}", f'  name: "l{i}"', '  type: "ReLU"',
+                  "", f'  bottom: "x{i}" top: "x{i + 1}"', "}"]
+    text = "\n".join(lines) + "\n"
+    m = parse_text(text, "deep.prototxt")
+    for i in (29, 3, 17, 0):  # later tokens first: the scan must not depend on the order
+        layer = m.layer[i]
+        for field in ("name", "bottom", "top"):
+            _, line, col = layer.location(field).rsplit(":", 2)
+            assert text.splitlines()[int(line) - 1][int(col) - 1:].startswith(field)
+        _, line, col = layer.location().rsplit(":", 2)
+        assert text.splitlines()[int(line) - 1][int(col) - 1] == "{"
+    assert m.location("name") == "deep.prototxt:1:1"
