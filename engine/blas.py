@@ -38,6 +38,11 @@ BLAS_ENV = "CAFFE8_BLAS"                   # "openblas" (default) or "numpy"
 CORETYPE_ENV = "CAFFE8_OPENBLAS_CORETYPE"  # pins caffe8's OpenBLAS (e.g. Haswell, SkylakeX)
 
 _ROW_MAJOR, _NO_TRANS, _TRANS = 101, 111, 112
+#: a product whose output has at most this many elements runs on one thread: OpenBLAS splits
+#: the work over the output's rows and columns, so a small output over a long inner dimension
+#: (a convolution's weight gradient summed over the batch: LeNet's conv1, 20 x 25 over 36,864
+#: positions) waits for two threads that each do half of too little (1.18 against 0.82 ms)
+SINGLE_THREAD_OUTPUT = 1024
 _lock = threading.Lock()
 _state = None     # (library, {dtype: gemm function}) once loaded; (None, reason) when not
 
@@ -241,14 +246,23 @@ def matmul(a, b, out=None, accumulate=False):
     gemm = state[1][a.dtype]
     beta = 1.0 if accumulate else 0.0
     pa, pb, pc = (x.__array_interface__["data"][0] for x in (a_b, b_b, out))
-    if not batch:
-        gemm(_ROW_MAJOR, ta, tb, m, n, k, 1.0, pa, lda, pb, ldb, beta, pc, ldc)
+    lib = state[0]
+    threads = lib.scipy_openblas_get_num_threads() if m * n <= SINGLE_THREAD_OUTPUT else 1
+    if threads > 1:
+        lib.scipy_openblas_set_num_threads(1)
+    try:
+        if not batch:
+            gemm(_ROW_MAJOR, ta, tb, m, n, k, 1.0, pa, lda, pb, ldb, beta, pc, ldc)
+            return out
+        steps = [x.strides[:-2] for x in (a_b, b_b, out)]
+        for i in numpy.ndindex(*batch):
+            oa, ob, oc = (sum(j * s for j, s in zip(i, st)) for st in steps)
+            gemm(_ROW_MAJOR, ta, tb, m, n, k, 1.0, pa + oa, lda, pb + ob, ldb, beta, pc + oc,
+                 ldc)
         return out
-    steps = [x.strides[:-2] for x in (a_b, b_b, out)]
-    for i in numpy.ndindex(*batch):
-        oa, ob, oc = (sum(j * s for j, s in zip(i, st)) for st in steps)
-        gemm(_ROW_MAJOR, ta, tb, m, n, k, 1.0, pa + oa, lda, pb + ob, ldb, beta, pc + oc, ldc)
-    return out
+    finally:
+        if threads > 1:
+            lib.scipy_openblas_set_num_threads(threads)
 
 
 def _eligible(state, a, b, out):

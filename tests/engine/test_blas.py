@@ -182,3 +182,28 @@ def test_fixed_thread_count_when_adaptation_is_off():
     code = ("from caffe8.engine import blas\n"
             "blas.adapt_threads(); print(blas._budget, blas._load()[0].scipy_openblas_get_num_threads())\n")
     assert run_python(code, OPENBLAS_NUM_THREADS="1", CAFFE8_ADAPT_THREADS="0") == "False 1"
+
+
+def test_small_output_runs_on_one_thread_and_restores_the_count(monkeypatch):
+    """A product with a small output over a long inner dimension (a weight gradient summed over
+    the batch) runs with one OpenBLAS thread; the count is back to what it was after, and the
+    result is the library's either way."""
+    if not blas.available():
+        pytest.skip("caffe8's OpenBLAS not loaded")
+    lib = blas._load()[0]
+    blas.set_num_threads(2)
+    seen = []
+    real_gemm = blas._load()[1][numpy.dtype(numpy.float32)]
+    monkeypatch.setitem(blas._load()[1], numpy.dtype(numpy.float32),
+                        lambda *args: (seen.append(lib.scipy_openblas_get_num_threads()),
+                                       real_gemm(*args)))
+    rng = numpy.random.default_rng(3)
+    a = rng.standard_normal((20, 4096)).astype(numpy.float32)
+    b = rng.standard_normal((4096, 25)).astype(numpy.float32)
+    out = numpy.ones((20, 25), numpy.float32)
+    blas.matmul(a, b, out, accumulate=True)
+    big_a = rng.standard_normal((64, 40)).astype(numpy.float32)
+    blas.matmul(big_a, rng.standard_normal((40, 50)).astype(numpy.float32))
+    assert seen == [1, 2] and lib.scipy_openblas_get_num_threads() == 2
+    ref = 1.0 + a.astype(numpy.float64) @ b.astype(numpy.float64)
+    numpy.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-3)
