@@ -57,6 +57,10 @@ class Layer(abc.ABC):
     default_loss_weight = 0.0
     #: data layers never backpropagate and never take bottoms
     is_data = False
+    #: True while the Net runs a forward and then its backward with nothing writing this
+    #: layer's bottoms in between (the trainer's step, ``Net.keep_forward_work``): backward may
+    #: then reuse what forward computed from them (Convolution's columns) instead of redoing it
+    forward_work_kept = False
 
     @property
     def auto_top_blobs(self):

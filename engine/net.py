@@ -508,6 +508,16 @@ class Net:
             for fn in self._backward_hooks:
                 fn(i, layer)
 
+    def keep_forward_work(self, on):
+        """Tell the layers whether their bottoms stay as forward left them until their backward
+        (``Layer.forward_work_kept``). The trainer turns it on for its forward + backward; pycaffe's
+        separate ``forward()`` / ``backward()`` leave it off, as a user may change a blob between
+        them. Within one forward + backward no layer writes a blob that a layer before it read:
+        an in-place layer must take the latest producer's blob, and a blob read twice goes
+        through a Split whose tops cannot be named in place (Caffe's rules, ``engine.net_graph``)."""
+        for layer in self.layers:
+            layer.forward_work_kept = bool(on)
+
     def forward_backward(self, as_float=True):
         """Forward then backward; returns the loss (as ``forward_loss(as_float)``)."""
         loss = self.forward_loss(as_float)

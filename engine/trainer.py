@@ -327,17 +327,21 @@ class Trainer:
         """``passes`` forward/backward passes (iter_size); their summed loss (on the device).
         With the pipelined update, the last pass's loss is agreed on before its backward."""
         total = 0.0
-        for k in range(passes):
-            self._last_pass = k == passes - 1
-            if self._first_read:       # opening the data may keep this rank long: say so
-                with self._busy("reading its first data"):
+        self.net.keep_forward_work(True)  # nothing here writes a bottom between the two passes
+        try:
+            for k in range(passes):
+                self._last_pass = k == passes - 1
+                if self._first_read:       # opening the data may keep this rank long: say so
+                    with self._busy("reading its first data"):
+                        total = total + self.net.forward_loss(as_float=False)
+                    self._first_read = False
+                else:
                     total = total + self.net.forward_loss(as_float=False)
-                self._first_read = False
-            else:
-                total = total + self.net.forward_loss(as_float=False)
-            if self._last_pass and self.pipelined_update:
-                self._start_early_update(float(total) / passes)
-            self.net.backward()
+                if self._last_pass and self.pipelined_update:
+                    self._start_early_update(float(total) / passes)
+                self.net.backward()
+        finally:
+            self.net.keep_forward_work(False)
         return total
 
     # --- the pipelined update ----------------------------------------------------------------------

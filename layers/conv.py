@@ -167,7 +167,7 @@ class ConvolutionLayer(Layer):
                 self.blobs[1].diff += channel_sum(t.diff)
             if want_w:       # the adjoint's input and output gradient trade places
                 x, dy = (t.diff, b.data) if self.adjoint else (b.data, t.diff)
-                geo.weight_gradient(x, dy, self.blobs[0].diff)
+                geo.weight_gradient(x, dy, self.blobs[0].diff, reuse=self.forward_work_kept)
             if i < len(propagate_down) and propagate_down[i]:
                 data_gradient(t.diff, self.blobs[0].data, b.diff)
 
@@ -212,9 +212,31 @@ def add_channel_bias(y, bias):
     y.reshape(y.shape[0], y.shape[1], -1)[...] += bias.reshape(1, -1, 1)
 
 
+def _array_key(x):
+    """What names an array's memory and layout: its address (host or device), shape, strides."""
+    ptr = x.data.ptr if hasattr(x.data, "ptr") else x.__array_interface__["data"][0]
+    return ptr, x.shape, x.strides, x.dtype.str
+
+
+_ONES = {}   # (positions, dtype, array module) -> a column of ones, as Caffe's bias_multiplier
+
+
 def channel_sum(dy):
-    """Sum of dy (N, O, *spatial) over everything but the channel axis: the bias gradient."""
-    return dy.reshape(dy.shape[0], dy.shape[1], -1).sum(axis=(0, 2))
+    """Sum of dy (N, O, *spatial) over everything but the channel axis: the bias gradient. As
+    Caffe's (a GEMV with a column of ones per image): one product of the (N*O, P) rows with a
+    column of ones, then the sum over the batch (3x NumPy's two-axis reduction on LeNet's conv1,
+    which reads the array with a stride)."""
+    n, o = dy.shape[0], dy.shape[1]
+    p = int(numpy.prod(dy.shape[2:], dtype=numpy.int64))
+    if p <= 1 or n == 0:
+        return dy.reshape(n, o, p).sum(axis=(0, 2))
+    rows = dy.reshape(n * o, p)
+    xp = backend.get_array_module(dy)
+    key = (p, dy.dtype.str, xp.__name__)
+    ones = _ONES.get(key)
+    if ones is None:
+        ones = _ONES[key] = xp.ones((p, 1), dtype=dy.dtype)
+    return backend.matmul(rows, ones).reshape(n, o).sum(axis=0)
 
 
 class ConvGeometry:
@@ -240,6 +262,7 @@ class ConvGeometry:
         self.positions = int(numpy.prod(self.out_spatial))
         self.k_group = self.channels // group * int(numpy.prod(kernel))
         self._buffers = {}
+        self._cols_of = None  # the array whose batch columns the "cols" buffer holds
 
     @property
     def out_shape(self):
@@ -280,12 +303,18 @@ class ConvGeometry:
     def _geometry(self):
         return self.kernel, self.pad, self.stride, self.dilation
 
-    def _cols_batch(self, x):
-        """Columns of ``x`` (n, C, ...) as ``(group, K, n*P)`` in a reused buffer."""
+    def _cols_batch(self, x, reuse=False):
+        """Columns of ``x`` (n, C, ...) as ``(group, K, n*P)`` in a reused buffer; with ``reuse``
+        the buffer as it is when it already holds the columns of this very array (forward made
+        them and, the caller knows, nothing wrote ``x`` since)."""
         n = x.shape[0]
         buf = self._buffer("cols", (self.group * self.k_group * n * self.positions,), x)
-        cols = im2col(x, *self._geometry(), out=buf)
-        return cols.reshape(self.group, self.k_group, n * self.positions)
+        key = _array_key(x)
+        if not (reuse and self._cols_of == key):
+            self._cols_of = None
+            im2col(x, *self._geometry(), out=buf)
+            self._cols_of = key
+        return buf.reshape(self.group, self.k_group, n * self.positions)
 
     def forward(self, x, w, y):
         """y (N, O, *out) = conv(x (N, C, ...), w); y is overwritten."""
@@ -298,6 +327,7 @@ class ConvGeometry:
                 if self.pointwise:
                     cols = x[lo:hi].reshape(shape)
                 else:
+                    self._cols_of = None
                     cols = self._buffer("cols", shape, x)
                     native.im2col_2d(x[lo:hi], *self._geometry(), self.out_spatial, cols,
                                      per_image=True)
@@ -320,11 +350,13 @@ class ConvGeometry:
                 if self.pointwise:
                     backend.matmul(wt, dyg, out=dx[lo:hi].reshape(shape))
                     continue
+                self._cols_of = None
                 dcols = self._buffer("cols", shape, dy)
                 backend.matmul(wt, dyg, out=dcols)
                 native.col2im_2d(dcols, dx[lo:hi].shape, *self._geometry(), self.out_spatial,
                                  dx[lo:hi], per_image=True)
                 continue
+            self._cols_of = None
             dcols = self._buffer("cols", (self.group, self.k_group, n * self.positions), dy)
             backend.matmul(wt, self._grouped_batch(dy[lo:hi]), out=dcols)
             dcols = dcols.reshape((self.channels,) + self.kernel + (n,) + self.out_spatial)
@@ -338,11 +370,12 @@ class ConvGeometry:
         buf[...] = dy.reshape(n, self.num_output, self.positions).swapaxes(0, 1)
         return buf.reshape(self.group, og, n * self.positions)
 
-    def weight_gradient(self, x, dy, dw):
-        """dw (O, C/group, *kernel) += the gradient of ``forward`` w.r.t. the weight."""
+    def weight_gradient(self, x, dy, dw, reuse=False):
+        """dw (O, C/group, *kernel) += the gradient of ``forward`` w.r.t. the weight. ``reuse``:
+        ``x`` is unchanged since ``forward`` (see ``_cols_batch``)."""
         og = self.num_output // self.group
         dwg = dw.reshape(self.group, og, self.k_group)
         for lo, hi in self._chunks(x.shape[0]):
-            cols = self._cols_batch(x[lo:hi])
+            cols = self._cols_batch(x[lo:hi], reuse)
             backend.matmul(self._grouped_batch(dy[lo:hi]), cols.swapaxes(1, 2), out=dwg,
                            accumulate=True)

@@ -305,3 +305,88 @@ def test_per_image_gemm_layout(shape, body, stride, pad, dilation, group, monkey
     numpy.testing.assert_allclose(got, naive_deconv(x, d_layer.blobs[0].data, b, stride, pad,
                                                     dilation, group), rtol=1e-12, atol=1e-12)
     check_layer_gradient(d_layer, d_bottom, d_top, setup=False)
+
+
+@pytest.mark.parametrize("shape", [(4, 3, 5, 6), (2, 7, 1, 1), (3, 2, 9), (0, 3, 2, 2)])
+def test_channel_sum_equals_a_loop(shape):
+    """The bias gradient (one product with a column of ones, then the batch sum) equals the sum
+    of every element of each channel, done element by element in float64."""
+    dy = numpy.random.default_rng(1).standard_normal(shape).astype(numpy.float32)
+    ref = numpy.zeros(shape[1])
+    for idx in numpy.ndindex(*shape):
+        ref[idx[1]] += float(dy[idx])
+    got = conv_module.channel_sum(dy)
+    assert got.shape == (shape[1],) and got.dtype == numpy.float32
+    numpy.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5)
+
+
+# --- the columns forward made, reused by the weight gradient in the trainer's step ------------
+_CONV_NET = """
+name: "c"
+layer { name: "in" type: "Input" top: "x" input_param { shape { dim: 6 dim: 3 dim: 9 dim: 9 } } }
+layer { name: "c1" type: "Convolution" bottom: "x" top: "y"
+  convolution_param { num_output: 4 kernel_size: 3 weight_filler { type: "gaussian" std: 0.3 }
+                      bias_filler { type: "constant" value: 0.1 } } }
+layer { name: "c2" type: "Convolution" bottom: "y" top: "z"
+  convolution_param { num_output: 5 kernel_size: 3 stride: 2
+                      weight_filler { type: "gaussian" std: 0.3 } } }
+%s
+layer { name: "loss" type: "EuclideanLoss" bottom: "z" bottom: "t" }
+layer { name: "tin" type: "Input" top: "t" input_param { shape { dim: 6 dim: 5 dim: 3 dim: 3 } } }
+"""
+
+
+def _conv_net(extra="", before_c2=""):
+    from caffe8.engine.net import Net
+    from caffe8.engine.prototxt import parse_text
+    text = (_CONV_NET % extra).replace('layer { name: "c2"', before_c2 + 'layer { name: "c2"')
+    # the target input must come first in the file: move it before the loss
+    head, tin = text.split('layer { name: "tin"')
+    text = head.replace('layer { name: "loss"', 'layer { name: "tin"' + tin.strip()[:-1].rstrip()
+                        + '\n}\nlayer { name: "loss"', 1)
+    net = Net(parse_text(text, "c.prototxt"))
+    rng = numpy.random.default_rng(5)
+    net.blobs["x"].data[...] = rng.standard_normal(net.blobs["x"].shape)
+    net.blobs["t"].data[...] = rng.standard_normal(net.blobs["t"].shape)
+    return net
+
+
+def _weight_diffs(net, keep, change_y=False):
+    net.clear_param_diffs()
+    net.keep_forward_work(keep)
+    net.forward_loss()
+    if change_y:  # a user writing a blob between pycaffe's forward() and backward()
+        net.blobs["y"].data[...] *= 2
+    net.backward()
+    net.keep_forward_work(False)
+    return [p.diff.copy() for p in net.learnable_params]
+
+
+def test_weight_gradient_reusing_forward_columns_is_bit_identical():
+    net = _conv_net()
+    assert net.layers[2]._geometry_for(net.blobs["y"].shape).positions < \
+        conv_module.PER_IMAGE_MIN_POSITIONS   # c2 takes the batch path whose columns are kept
+    kept, redone = _weight_diffs(net, True), _weight_diffs(net, False)
+    for a, b in zip(kept, redone):
+        assert numpy.array_equal(a, b)
+
+
+def test_without_the_trainers_promise_a_changed_bottom_is_read_again():
+    """As Caffe, which redoes im2col in backward: a bottom written between forward and backward
+    counts (its columns are made again); the kept columns would give the old gradient."""
+    net = _conv_net()
+    changed = _weight_diffs(net, False, change_y=True)
+    plain = _weight_diffs(net, False)
+    c2_weight = 2  # c1 weight, c1 bias, c2 weight
+    assert not numpy.allclose(changed[c2_weight], plain[c2_weight])
+    net.blobs["y"].data[...] *= 1  # the same check with a fresh forward: equal again
+    assert all(numpy.array_equal(a, b) for a, b in zip(_weight_diffs(net, False), plain))
+
+
+def test_in_place_layer_between_forward_and_its_reader_keeps_the_columns_right():
+    """c1's top rewritten in place (ReLU) before c2 reads it, c2's top after: bit-identical."""
+    net = _conv_net('layer { name: "r2" type: "ReLU" bottom: "z" top: "z" }',
+                    before_c2='layer { name: "r1" type: "ReLU" bottom: "y" top: "y" }\n')
+    assert [layer.name for layer in net.layers][:5] == ["in", "c1", "r1", "c2", "r2"]
+    kept, redone = _weight_diffs(net, True), _weight_diffs(net, False)
+    assert all(numpy.array_equal(a, b) for a, b in zip(kept, redone))
