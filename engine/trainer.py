@@ -490,7 +490,8 @@ class Trainer:
             self.test(i)
 
     def test(self, i):
-        """Run test_iter[i] forward passes on this rank's share; average over passes and ranks."""
+        """Run test_iter[i] forward passes, spread over the ranks, each on its own share of the
+        data (``tester.average_outputs``); average over passes and ranks."""
         self.log(f"Iteration {self.iter}, Testing net (#{i})")
         self._next_collective(f"the average of test net #{i}")
         outputs, means, loss = average_outputs(self.test_nets[i], self.param.test_iter[i],

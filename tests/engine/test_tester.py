@@ -1,0 +1,49 @@
+"""engine/tester.py: the test passes of a job spread over its ranks (as Caffe's root solver runs
+test_iter batches once), and the averages over passes and ranks."""
+import numpy
+import pytest
+
+from caffe8.engine.net import Net
+from caffe8.engine.prototxt import parse_text
+from caffe8.engine.tester import average_outputs, passes_per_rank
+from caffe8.wiring import register_all
+
+register_all()
+
+
+@pytest.mark.parametrize("iterations, ranks, each", [(100, 1, 100), (100, 4, 25), (10, 4, 3),
+                                                     (3, 4, 1), (1, 2, 1), (0, 4, 0)])
+def test_passes_per_rank_cover_the_job_once(iterations, ranks, each):
+    assert passes_per_rank(iterations, ranks) == each
+    assert each * ranks >= iterations and (each - 1) * ranks < iterations or each == 0
+
+
+class FourRanks:
+    """Rank 0 of 4 whose peers report what the test hands them (sums times 4)."""
+    rank, size = 0, 4
+
+    def __init__(self, others):
+        self.others = others
+
+    def allreduce_sum_array(self, array):
+        array += self.others
+
+
+def _counting_net():
+    net = Net(parse_text('layer { name: "in" type: "Input" top: "x" '
+                         'input_param { shape { dim: 2 } } }\n'
+                         'layer { name: "p" type: "Power" bottom: "x" top: "y" '
+                         'power_param { shift: 1 } }', "t.prototxt"), phase="TEST")
+    calls = []
+    net.add_forward_hook(lambda i, layer: calls.append(i) if layer.name == "p" else None)
+    return net, calls
+
+
+def test_each_rank_runs_its_share_and_the_means_average_over_ranks():
+    net, calls = _counting_net()
+    others = numpy.array([3.0 * 2.0, 3.0 * 4.0, 0.0])  # three ranks whose y means were 2 and 4
+    outputs, means, loss = average_outputs(net, 100, FourRanks(others))
+    assert len(calls) == 25                       # not 100: the job's 100 passes, 4 ranks
+    assert [name for name, _, _ in outputs] == ["y"]
+    numpy.testing.assert_allclose(means, [(1.0 + 6.0) / 4, (1.0 + 12.0) / 4])
+    assert loss == 0.0
