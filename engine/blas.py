@@ -247,8 +247,9 @@ def matmul(a, b, out=None, accumulate=False):
     beta = 1.0 if accumulate else 0.0
     pa, pb, pc = (x.__array_interface__["data"][0] for x in (a_b, b_b, out))
     lib = state[0]
-    threads = lib.scipy_openblas_get_num_threads() if m * n <= SINGLE_THREAD_OUTPUT else 1
-    if threads > 1:
+    restore = None   # the thread count to go back to after a one-thread product
+    if m * n <= SINGLE_THREAD_OUTPUT and lib.scipy_openblas_get_num_threads() > 1:
+        restore = lib.scipy_openblas_get_num_threads()
         lib.scipy_openblas_set_num_threads(1)
     try:
         if not batch:
@@ -261,8 +262,8 @@ def matmul(a, b, out=None, accumulate=False):
                  ldc)
         return out
     finally:
-        if threads > 1:
-            lib.scipy_openblas_set_num_threads(threads)
+        if restore is not None:
+            lib.scipy_openblas_set_num_threads(restore)
 
 
 def _eligible(state, a, b, out):

@@ -18,7 +18,7 @@ _new = object.__new__
 _set = object.__setattr__
 
 
-_FREEZE = [False]
+_freeze = False   # freeze_after_builds
 
 
 def freeze_after_builds(on=True):
@@ -27,7 +27,8 @@ def freeze_after_builds(on=True):
     line tool), whose nets live until it exits: the collector then never walks a 100,000-layer
     net again (three passes of seconds each right after the build, one more at exit). Not for
     pycaffe, which may drop a net and build another: frozen garbage in cycles is never freed."""
-    _FREEZE[0] = bool(on)
+    global _freeze
+    _freeze = bool(on)
 
 
 @contextlib.contextmanager
@@ -43,7 +44,7 @@ def paused_gc():
         yield
     finally:
         if was:
-            if _FREEZE[0]:
+            if _freeze:
                 gc.freeze()
             gc.enable()
 

@@ -31,16 +31,17 @@ _FLOAT_TYPES = {"float", "double"}
 # is never given back to match as a token); a number takes the name characters that follow it
 # ("5abc" is one token, refused as a number, where protobuf would refuse it too); a character
 # that starts no token is a token of its own ("bad"); the end of the text is the empty token.
+_NUMBER_RE = r"[-+]?(?:0[xX][0-9a-fA-F]+|(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?[fF]?)"
 _TOKEN = re.compile(r"""
     (?:[ \t\r\n\f\v]+|\#[^\n]*)*+
     (   "(?:[^"\\\n]|\\.)*" | '(?:[^'\\\n]|\\.)*'
-      | [-+]?(?:0[xX][0-9a-fA-F]+|(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?[fF]?)[A-Za-z0-9_.]*
+      | """ + _NUMBER_RE + r"""[A-Za-z0-9_.]*
       | [-+]?[A-Za-z_][A-Za-z0-9_.]*
       | [{}<>\[\]:,;]
       | .
       | \Z )
 """, re.VERBOSE)
-_NUMBER = re.compile(r"[-+]?(?:0[xX][0-9a-fA-F]+|(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?[fF]?)")
+_NUMBER = re.compile(_NUMBER_RE)
 _IDENT_START = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ_")
 _NUMBER_START = frozenset("0123456789.")
 _SYMS = frozenset("{}<>[]:,;")
@@ -150,7 +151,6 @@ class _Parser:
     def parse_message(self, msg, close=None):
         toks = self.toks
         fields = SCHEMA[msg._type]
-        values, locs = msg._values, msg._locs
         i = self.i
         while True:
             name = toks[i]
@@ -203,18 +203,10 @@ class _Parser:
                         i += 1
                     else:
                         value, i = self.parse_scalar(spec, name, i)
-                        lst = values.get(name)
-                        if lst is None:
-                            values[name] = [value]
-                            locs.setdefault(name, at)
-                        else:
-                            lst.append(value)
+                        self._store(msg, name, spec, value, at)
                 else:
                     value, i = self.parse_scalar(spec, name, i)
-                    if name in values:
-                        self._store(msg, name, spec, value, at)  # says it is set twice
-                    values[name] = value
-                    locs[name] = at
+                    self._store(msg, name, spec, value, at)
             sep = toks[i]
             if sep == "," or sep == ";":
                 i += 1

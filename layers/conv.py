@@ -270,6 +270,8 @@ class ConvGeometry:
 
     def _buffer(self, name, shape, like):
         """A scratch array reused across calls (allocated again only when ``shape`` grows)."""
+        if name == "cols":
+            self._cols_of = None   # whoever takes the buffer now writes it
         xp = backend.get_array_module(like)
         size = int(numpy.prod(shape))
         buf = self._buffers.get(name)
@@ -308,12 +310,12 @@ class ConvGeometry:
         the buffer as it is when it already holds the columns of this very array (forward made
         them and, the caller knows, nothing wrote ``x`` since)."""
         n = x.shape[0]
-        buf = self._buffer("cols", (self.group * self.k_group * n * self.positions,), x)
         key = _array_key(x)
-        if not (reuse and self._cols_of == key):
-            self._cols_of = None
+        kept = reuse and self._cols_of == key
+        buf = self._buffer("cols", (self.group * self.k_group * n * self.positions,), x)
+        if not kept:
             im2col(x, *self._geometry(), out=buf)
-            self._cols_of = key
+        self._cols_of = key
         return buf.reshape(self.group, self.k_group, n * self.positions)
 
     def forward(self, x, w, y):
@@ -327,7 +329,6 @@ class ConvGeometry:
                 if self.pointwise:
                     cols = x[lo:hi].reshape(shape)
                 else:
-                    self._cols_of = None
                     cols = self._buffer("cols", shape, x)
                     native.im2col_2d(x[lo:hi], *self._geometry(), self.out_spatial, cols,
                                      per_image=True)
@@ -350,13 +351,11 @@ class ConvGeometry:
                 if self.pointwise:
                     backend.matmul(wt, dyg, out=dx[lo:hi].reshape(shape))
                     continue
-                self._cols_of = None
                 dcols = self._buffer("cols", shape, dy)
                 backend.matmul(wt, dyg, out=dcols)
                 native.col2im_2d(dcols, dx[lo:hi].shape, *self._geometry(), self.out_spatial,
                                  dx[lo:hi], per_image=True)
                 continue
-            self._cols_of = None
             dcols = self._buffer("cols", (self.group, self.k_group, n * self.positions), dy)
             backend.matmul(wt, self._grouped_batch(dy[lo:hi]), out=dcols)
             dcols = dcols.reshape((self.channels,) + self.kernel + (n,) + self.out_spatial)
