@@ -261,8 +261,8 @@ class Fp8Codec(Codec):
         inv_scale = float(numpy.float32(ctx.q / kernels.FP8_MAX))
         if not isinstance(out, numpy.ndarray):
             codes = wire.reshape(out.shape)
-            out[...] = fp8.decode_ratio(codes, ctx.weight, self.epsilon, inv_scale) \
-                if self.relative else fp8.decode_scaled(codes, inv_scale)
+            fp8.widen_into(fp8.decode_ratio(codes, ctx.weight, self.epsilon, inv_scale)
+                           if self.relative else fp8.decode_scaled(codes, inv_scale), out)
             return
         direct = out.dtype == numpy.float32 and out.flags.c_contiguous
         target = out.reshape(-1) if direct else numpy.empty(out.size, numpy.float32)

@@ -158,6 +158,10 @@ CUDA_KERNEL_SPECS = {
     "decode_ratio": (
         "uint8 b, float32 w, float32 eps, float32 inv_scale", "float32 y",
         "y = c8_mul(c8_mul(c8_fp8_to_float(b), inv_scale), c8_add(c8_abs(w), eps))"),
+    # float64 <-> float32 as the host casts, subnormals kept: CuPy's astype runs under -ftz
+    # and flushes float32 subnormals (the codec's float64 nets, in and out)
+    "narrow": ("float64 x", "float32 y", "y = c8_d2f(x)"),
+    "widen": ("float32 x", "float64 y", "y = c8_f2d(x)"),
 }
 
 _kernels = {}
@@ -174,6 +178,24 @@ def _cuda_kernel(name):
 
 def _is_gpu(xp):
     return xp is not numpy and backend.gpu_available()
+
+
+def _float32_on_device(x):
+    """A float32 CuPy array of ``x``'s values, rounded as the host rounds (subnormals kept)."""
+    cp = backend.cupy
+    x = cp.asarray(x)
+    return _cuda_kernel("narrow")(x) if x.dtype == cp.float64 else x.astype(cp.float32, copy=False)
+
+
+def widen_into(y32, out):
+    """``out[...] = y32`` for a float32 ``y32`` (NumPy or CuPy); on CuPy with a float64 ``out``
+    through a kernel that keeps float32 subnormals, as the host's cast does."""
+    xp = backend.get_array_module(out)
+    if _is_gpu(xp) and out.dtype == xp.float64:
+        _cuda_kernel("widen")(y32.reshape(out.shape), out)
+    else:
+        out[...] = y32.reshape(out.shape)
+    return out
 
 
 # --- public API ---------------------------------------------------------------------------------
@@ -248,8 +270,10 @@ def encode_ratio(grad, weight, eps, scale, rounding="nearest", out=None):
     """
     _check_rounding(rounding)
     xp = backend.get_array_module(grad, weight)
-    g = xp.asarray(grad, dtype=xp.float32)
-    w = xp.asarray(weight, dtype=xp.float32)
+    if _is_gpu(xp):
+        g, w = _float32_on_device(grad), _float32_on_device(weight)
+    else:
+        g, w = xp.asarray(grad, dtype=xp.float32), xp.asarray(weight, dtype=xp.float32)
     if g.shape != w.shape:
         raise ValueError(f"comm.fp8.encode_ratio: grad shape {g.shape} != weight shape {w.shape}")
     eps32, scale32 = numpy.float32(eps), numpy.float32(scale)
@@ -273,7 +297,7 @@ def encode_scaled(x, scale, rounding="nearest", out=None):
     included, as comm.kernels' host encode), into ``out`` when given."""
     _check_rounding(rounding)
     xp = backend.get_array_module(x)
-    x32 = xp.asarray(x, dtype=xp.float32)
+    x32 = _float32_on_device(x) if _is_gpu(xp) else xp.asarray(x, dtype=xp.float32)
     if _is_gpu(xp):
         kernel = _cuda_kernel("encode_scaled_" + _conversion(rounding))
         scale32 = numpy.float32(scale)
@@ -293,7 +317,8 @@ def decode_scaled(b, inv_scale):
 def decode_ratio(b, weight, eps, inv_scale):
     """``decode(b) * inv_scale * (|weight| + eps)`` in float32, left to right; shape of b."""
     xp = backend.get_array_module(b, weight)
-    b, w = xp.asarray(b), xp.asarray(weight, dtype=xp.float32)     # codes on weight's device
+    b = xp.asarray(b)                                              # codes on weight's device
+    w = _float32_on_device(weight) if _is_gpu(xp) else xp.asarray(weight, dtype=xp.float32)
     if b.shape != w.shape:
         raise ValueError(f"comm.fp8.decode_ratio: codes shape {b.shape} != weight shape {w.shape}")
     eps32, inv32 = numpy.float32(eps), numpy.float32(inv_scale)

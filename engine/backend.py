@@ -87,6 +87,7 @@ _CUBLAS_DEFAULT_MATH, _CUBLAS_TF32_TENSOR_OP_MATH = 0, 3     # cublasMath_t
 def _gemm_accumulate(a, b, out):
     """``out += a @ b`` as one cuBLAS GEMM with beta = 1 (no temporary product), in the math
     ``set_tf32`` chose (the handle's math mode, restored after)."""
+    import cupy.cublas        # a submodule that ``import cupy`` does not load
     from cupy_backends.cuda.libs import cublas as libcublas
     handle = cupy.cuda.device.get_cublas_handle()
     mode = libcublas.getMathMode(handle)

@@ -1,11 +1,11 @@
 """The whole GPU path verified by one command, within 9 minutes (issue 22).
 
-    python -m scripts.gpu_check [--out runs/gpu_check] [--budget 540]
-    python -m scripts.gpu_check
+    python -m scripts.gpu_check [--out runs/gpu_check] [--budget 540] [--only STEP,...]
 
 On a machine with a CUDA GPU (CuPy working) it runs, each step under its own time limit:
 
-1. the ``gpu``-marked tests (``pytest -m gpu``): passed / failed / skipped counts;
+1. the ``gpu``-marked tests (``pytest -m gpu``, on 8 workers where pytest-xdist is installed):
+   passed / failed / skipped counts;
 2. ``scripts/peer_bench.py --gpu`` (CaffeNet b256, GoogLeNet b128, the GRU benchmark against
    ``nn.GRU``) with TF32 off, then on (``CAFFE8_TF32``; the PyTorch side follows the same
    setting): each net's caffe8 / PyTorch time ratio;
@@ -20,6 +20,7 @@ then prints one summary table. Without a GPU it prints one line saying so and ex
 exit status is 1 when a step failed, else 0.
 """
 import argparse
+import importlib.util
 import json
 import os
 import re
@@ -164,7 +165,10 @@ def solver_step(out, limit):
 def steps(args):
     """(name, function of the remaining budget -> (status, seconds, result)) of every step."""
     py = sys.executable
-    tests = [py, "-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider", "tests"]
+    tests = [py, "-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider", "-rfE",
+             "--tb=short", "tests"]
+    if importlib.util.find_spec("xdist") is not None:   # CuPy's first compiles run in parallel
+        tests[3:3] = ["-n", str(min(8, os.cpu_count() or 1))]
 
     def pytest_step(limit):
         status, t, text = run_step(tests, limit, os.path.join(args.out, "gpu_tests.log"))
@@ -190,7 +194,13 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", default=os.path.join(REPO, "runs", "gpu_check"))
     p.add_argument("--budget", type=float, default=540.0, help="seconds for the whole check")
+    p.add_argument("--only", default="", help="comma-separated steps to run (default: all): "
+                   + ", ".join(f"'{name}'" for name in LIMITS))
     args = p.parse_args(argv)
+    only = [name.strip() for name in args.only.split(",") if name.strip()]
+    unknown = sorted(set(only) - set(LIMITS))
+    if unknown:
+        p.error(f"--only: no step named {', '.join(map(repr, unknown))}")
     reason = gpu_absent_reason()
     if reason is not None:
         print(f"gpu_check: no GPU to check ({reason}); nothing run")
@@ -198,6 +208,8 @@ def main(argv=None):
     os.makedirs(args.out, exist_ok=True)
     start, table = time.monotonic(), []
     for name, step in steps(args):
+        if only and name not in only:
+            continue
         left = args.budget - (time.monotonic() - start)
         limit = min(LIMITS[name], left)
         if limit < 10:

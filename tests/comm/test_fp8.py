@@ -194,7 +194,8 @@ static float __fdiv_rn(float a, float b) { return a / b; }
 static long long __double_as_longlong(double d) { long long u; memcpy(&u, &d, 8); return u; }
 static double __longlong_as_double(long long u) { double d; memcpy(&d, &u, 8); return d; }
 """
-_C_TYPES = {"float32": ("float", numpy.float32), "uint8": ("unsigned char", numpy.uint8)}
+_C_TYPES = {"float32": ("float", numpy.float32), "float64": ("double", numpy.float64),
+            "uint8": ("unsigned char", numpy.uint8)}
 
 
 def _params(text):

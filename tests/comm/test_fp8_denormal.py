@@ -85,6 +85,25 @@ def test_subnormal_ratio_and_scale_encode_as_the_host_despite_ftz(ftz_kernels):
             assert numpy.array_equal(ftz_kernels(f"encode_scaled_{rounding}", g, scale), scaled)
 
 
+def test_float64_casts_keep_float32_subnormals_despite_ftz(ftz_kernels):
+    """The device codec's float64 <-> float32 conversions ("narrow", "widen") round as NumPy's
+    casts do, subnormals and ties included, where CuPy's own astype (under -ftz) flushes."""
+    rng = numpy.random.default_rng(11)
+    tiny = numpy.finfo(numpy.float32).tiny
+    x64 = numpy.concatenate([
+        rng.standard_normal(20000) * tiny,                       # float32 subnormals
+        rng.standard_normal(20000) * 1e-3, rng.standard_normal(2000) * 1e38,
+        numpy.ldexp(numpy.arange(1, 200, dtype=numpy.float64) + 0.5, -149),   # subnormal ties
+        numpy.array([2.0 ** -150, 2.0 ** -151, 3.5e38, -3.5e38, 0.0, -0.0, 1e-300, numpy.inf])])
+    with numpy.errstate(over="ignore"):
+        ref32 = x64.astype(numpy.float32)
+    got32 = ftz_kernels("narrow", x64)
+    assert numpy.array_equal(got32.view(numpy.uint32), ref32.view(numpy.uint32))
+    assert numpy.count_nonzero(numpy.abs(ref32) < tiny) > 20000 // 2
+    assert numpy.array_equal(ftz_kernels("widen", ref32).view(numpy.uint64),
+                             ref32.astype(numpy.float64).view(numpy.uint64))
+
+
 def test_the_kernels_float32_operations_equal_ieee_on_every_binade(ftz_kernels):
     """c8_mul through decode_scaled: every finite code times scales from 2**-149 to 2**127."""
     codes = numpy.arange(256, dtype=numpy.uint8)

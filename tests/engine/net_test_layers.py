@@ -9,6 +9,8 @@ against closed forms independently of the real layer implementations.
 """
 import numpy
 
+from caffe8.engine import backend
+
 from caffe8 import layers  # noqa: F401  (register the real layers first)
 from caffe8.engine.layer import LAYERS, Layer, register_layer
 
@@ -39,7 +41,7 @@ class NTData(Layer):
 
     def forward(self, bottom, top):
         for t, v in zip(top, self.values):
-            t.data[...] = v
+            t.data[...] = backend.to_device(v, like=t.data)
 
 
 @_register("NTLinear")

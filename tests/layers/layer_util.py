@@ -1,5 +1,7 @@
 """Test helpers for the non-spatial layer tests: build layers from prototxt text, wrap arrays
 in Blobs, run forward/backward, and compare a CuPy run with a NumPy run of the same layer."""
+import contextlib
+
 import numpy
 
 from caffe8.engine import backend
@@ -44,8 +46,27 @@ def run_backward(layer, bottom, top, top_diffs, propagate=None):
     return [backend.to_numpy(b.diff).copy() for b in bottom]
 
 
+@contextlib.contextmanager
+def built_on(xp):
+    """Layers made inside live on ``xp``: CuPy runs go under ``backend.use_gpu()``, as a Net on
+    the GPU does, so that the parameters are on the device too."""
+    if xp is numpy:
+        yield
+        return
+    backend.use_gpu()
+    try:
+        yield
+    finally:
+        backend.use_cpu()
+
+
 def forward_on(xp, text, arrays, n_top=1, phase="TRAIN", dtype=numpy.float32, backward=False):
     """Run a layer on ``xp`` arrays; host copies of the top data (and bottom diffs)."""
+    with built_on(xp):
+        return _forward_on(xp, text, arrays, n_top, phase, dtype, backward)
+
+
+def _forward_on(xp, text, arrays, n_top, phase, dtype, backward):
     layer = make(text, phase, dtype)
     bottom = [blob(a, dtype, xp=xp) for a in arrays]
     top = tops(n_top, dtype, xp=xp)

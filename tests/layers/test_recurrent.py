@@ -10,7 +10,7 @@ import pytest
 from caffe8.engine.blob import Blob
 from caffe8.engine.errors import LayerError
 from caffe8.engine.gradcheck import check_layer_gradient
-from layer_util import blob, make, tops
+from layer_util import blob, built_on, make, tops
 
 FILLER = 'type: "uniform" min: -0.5 max: 0.5'
 
@@ -270,10 +270,11 @@ def test_cupy_matches_numpy(kind):
     n_top = 3 if kind == "LSTM" else 2
     runs = []
     for xp in (numpy, backend.cupy):
-        layer = make(text(kind, static=True, expose=True), dtype=numpy.float64)
-        bottom = [blob(a, xp=xp) for a in arrays]
-        top = tops(n_top, xp=xp)
-        layer.setup(bottom, top)
+        with built_on(xp):
+            layer = make(text(kind, static=True, expose=True), dtype=numpy.float64)
+            bottom = [blob(a, xp=xp) for a in arrays]
+            top = tops(n_top, xp=xp)
+            layer.setup(bottom, top)
         for j, p in enumerate(layer.blobs):
             p.data[...] = backend.to_device(numpy.random.default_rng(j).uniform(-0.5, 0.5, p.shape),
                                             like=p.data)
