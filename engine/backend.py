@@ -135,21 +135,45 @@ def random_uniform(shape, dtype, module=None):
     module = module or xp
     if module is numpy:
         return _rng.random(shape, dtype=numpy.float64).astype(dtype, copy=False)
-    # Device samples seeded from the host generator: its saved state then also fixes the GPU
-    # stream of random numbers, so a resumed run draws the same Dropout masks. One cuRAND
-    # generator per device, re-seeded per draw: the numbers of a fresh RandomState(seed), without
-    # creating and destroying a generator (and its state memory) every forward.
-    seed = int(_rng.integers(0, 2**63 - 1))
-    device = module.cuda.Device().id
-    generator = _device_generators.get(device)
-    if generator is None:
-        generator = _device_generators[device] = module.random.RandomState(seed)
-    else:
-        generator.seed(seed)
-    return generator.random_sample(shape, dtype=dtype)
+    # Device samples keyed by the host generator: its saved state then also fixes the GPU
+    # stream of random numbers, so a resumed run draws the same Dropout masks. A counter-based
+    # generator (Philox4x64-10, NumPy's ``Philox`` stream for that key) in one kernel: no
+    # generator state on the device to re-seed, and no host synchronisation (re-seeding
+    # cuRAND's XORWOW per draw waited for the whole queue: 16 ms per Dropout in GoogLeNet).
+    key = int(_rng.integers(0, 2**63 - 1))
+    out = module.empty(shape, dtype=dtype)
+    if out.dtype not in (numpy.float32, numpy.float64):
+        raise TypeError(f"random_uniform: float32 or float64, not {out.dtype}")
+    global _uniform_kernel
+    if _uniform_kernel is None:
+        _uniform_kernel = module.ElementwiseKernel(*UNIFORM_KERNEL_SPEC, "caffe8_uniform")
+    return _uniform_kernel(numpy.uint64(key), out)
 
 
-_device_generators = {}        # CUDA device id -> the cupy.random.RandomState random_uniform uses
+#: (inputs, outputs, body) of the device uniform generator: element i is word i of NumPy's
+#: ``Philox(key=key)`` stream (block i // 4 + 1, word i % 4; Salmon et al., "Parallel random
+#: numbers: as easy as 1, 2, 3"), as float32 ``(word >> 40) * 2**-24`` or float64
+#: ``(word >> 11) * 2**-53``. Kept as data: tests/engine compiles the same text as C.
+UNIFORM_KERNEL_SPEC = ("uint64 key", "T y", """
+    unsigned long long c0 = (unsigned long long)(i >> 2) + 1ull, c1 = 0ull, c2 = 0ull, c3 = 0ull;
+    unsigned long long k0 = key, k1 = 0ull;
+    for (int r = 0; r < 10; ++r) {
+        const unsigned long long h0 = __umul64hi(0xD2E7470EE14C6C93ull, c0);
+        const unsigned long long l0 = 0xD2E7470EE14C6C93ull * c0;
+        const unsigned long long h1 = __umul64hi(0xCA5A826395121157ull, c2);
+        const unsigned long long l1 = 0xCA5A826395121157ull * c2;
+        c0 = h1 ^ c1 ^ k0;
+        c1 = l1;
+        c2 = h0 ^ c3 ^ k1;
+        c3 = l0;
+        k0 += 0x9E3779B97F4A7C15ull;
+        k1 += 0xBB67AE8584CAA73Bull;
+    }
+    const int j = (int)(i & 3);
+    const unsigned long long word = j == 0 ? c0 : j == 1 ? c1 : j == 2 ? c2 : c3;
+    y = sizeof(y) == 4 ? (T)((double)(word >> 40) * 5.9604644775390625e-08)
+                       : (T)((double)(word >> 11) * 1.1102230246251565e-16)""")
+_uniform_kernel = None
 
 
 def bind_thread():

@@ -95,6 +95,18 @@ class Layer(abc.ABC):
         """False for inputs that can never take a gradient (labels)."""
         return True
 
+    #: where ``defer_check`` leaves its checks: a Net's list (set when the Net is built)
+    check_sink = None
+
+    def defer_check(self, fn):
+        """Run ``fn`` (it reads values on the device and raises this layer's error) when the
+        Net next reads its loss or starts a forward pass, so that checking data on a GPU does
+        not stall the device queue in the middle of the forward pass. Outside a Net: now."""
+        if self.check_sink is None:
+            fn()
+        else:
+            self.check_sink.append(fn)
+
     # --- helpers -----------------------------------------------------------------------------
     def setup(self, bottom, top):
         """Check blob counts, run layer_setup and the first reshape (Caffe's SetUp)."""

@@ -73,6 +73,7 @@ class Net:
             self._log("Initializing net from parameters: \n" + to_text(self.param))
         self._memory_used = 0
         self.layers = []
+        self._pending_checks = []     # the layers' deferred checks of device data (defer_check)
         try:
             self._build(weights)
         except BaseException:
@@ -140,6 +141,7 @@ class Net:
         if not layer_param.has("phase"):
             layer_param.phase = self.phase
         layer = create_layer(layer_param, self.phase, self.dtype)
+        layer.check_sink = self._pending_checks
         i = len(self.layers)
         self.layers.append(layer)
         self.layer_names.append(layer.name)
@@ -444,6 +446,7 @@ class Net:
         weighted loss of the tops produced in that range (as :meth:`forward_loss`)."""
         if self.layers:
             self._layer_range(start, end)
+        self.run_pending_checks()
         loss = 0.0
         for i in range(start, end + 1):
             layer = self.layers[i]
@@ -465,7 +468,15 @@ class Net:
         """The last forward's weighted loss as a Python float (one device read, then cached)."""
         if type(self._loss) is not float:
             self._loss = float(self._loss)
+        self.run_pending_checks()
         return self._loss
+
+    def run_pending_checks(self):
+        """Run the checks the layers left for later (``Layer.defer_check``: values on the
+        device, read once the device has them); the first that fails raises."""
+        checks = self._pending_checks
+        while checks:
+            checks.pop(0)()
 
     @staticmethod
     def _reshape(layer, bottom, top):

@@ -292,6 +292,7 @@ class Trainer:
                 cb.on_start()
             # the passes' losses stay on the device; one host read per iteration
             loss = float(self._forward_backward(p.iter_size)) / p.iter_size
+            self.net.run_pending_checks()     # the layers' checks of device data (labels)
             self._update_smoothed_loss(loss, start_iter)
             if p.display and self.iter % p.display == 0:
                 now = time.perf_counter()
@@ -338,7 +339,9 @@ class Trainer:
                 else:
                     total = total + self.net.forward_loss(as_float=False)
                 if self._last_pass and self.pipelined_update:
-                    self._start_early_update(float(total) / passes)
+                    early = float(total) / passes
+                    self.net.run_pending_checks()
+                    self._start_early_update(early)
                 self.net.backward()
         finally:
             self.net.keep_forward_work(False)

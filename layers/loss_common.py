@@ -3,6 +3,7 @@
 Scores of shape (..., C, ...) with the class axis at ``axis`` are viewed as (outer, C, inner) and
 labels (any shape with outer·inner elements) as (outer, inner), as Caffe indexes them.
 """
+from caffe8.engine import backend
 from caffe8.engine.layer import Layer
 from caffe8.layers.axes import count
 
@@ -25,12 +26,22 @@ def int_labels(label_data, outer, inner):
 
 
 def check_label_range(layer, xp, labels, valid, classes):
-    """Raise when a non-ignored label is outside 0 .. classes-1 (one device sync on CuPy)."""
-    bad = valid & ((labels < 0) | (labels >= classes))
-    if bool(bad.any()):
-        first = int(labels[bad].reshape(-1)[0])
-        raise layer.error(f"label {first} out of range: labels must be in 0 .. {classes - 1} "
-                          f"(or equal to ignore_label)")
+    """Raise when a non-ignored label is outside 0 .. classes-1. On CuPy the verdict and the
+    first bad label stay on the device until the Net reads its loss (``Layer.defer_check``):
+    no synchronisation in the middle of the forward pass."""
+    bad = (valid & ((labels < 0) | (labels >= classes))).reshape(-1)
+    if bad.size == 0:
+        return
+    any_bad, first = bad.any(), labels.reshape(-1)[bad.argmax()]
+
+    def verdict():
+        if bool(any_bad):
+            raise layer.error(f"label {int(first)} out of range: labels must be in "
+                              f"0 .. {classes - 1} (or equal to ignore_label)")
+    if backend.is_device_array(bad):
+        layer.defer_check(verdict)
+    else:
+        verdict()
 
 
 def one_hot(xp, labels, classes):

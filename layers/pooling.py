@@ -6,9 +6,10 @@ would start at or past ``H + pad`` (Caffe's clip rule). An optional 2nd top (MAX
 argmax as a flat ``h*W + w`` index (float; -1 for an empty window).
 
 On NumPy float arrays MAX and AVE run in C (``layers.native``: Caffe's own window loops, with
-the flat argmax mask); otherwise the loops run over kernel offsets only: each step reads one
-strided slice of the whole batch from a padded buffer large enough to hold the ceil-mode
-overhang.
+the flat argmax mask); on CuPy MAX runs Caffe's GPU kernels (one launch each way) and AVE
+goes to cuDNN where its output size is Caffe's; otherwise the loops run over kernel offsets
+only: each step reads one strided slice of the whole batch from a padded buffer large enough to
+hold the ceil-mode overhang.
 """
 import itertools
 import math
@@ -21,6 +22,54 @@ from caffe8.layers import cudnn_pooling, native
 
 FLT_MAX = float(numpy.finfo(numpy.float32).max)
 FLT_MIN = float(numpy.finfo(numpy.float32).tiny)
+
+#: Caffe's MaxPoolForward / MaxPoolBackward (pooling_layer.cu) as CuPy kernels, one thread per
+#: output (forward) or per input (backward): the window scan in row-major order with a strict
+#: '>' from -FLT_MAX, and the backward's sum over the outputs whose window holds the input, in
+#: row-major output order, which is the order of the host kernel's scatter (the same bits).
+_GEOMETRY = "int32 h, int32 w, int32 kh, int32 kw, int32 sh, int32 sw, int32 ph, int32 pw, " \
+            "int32 oh, int32 ow"
+_DEVICE_SPECS = {
+    "maxpool_fwd": (
+        "raw T x, " + _GEOMETRY, "T y, int32 mask", """
+        const int px = i % ow, py = (i / ow) % oh;
+        const long long plane = i / ((long long)ow * oh);
+        int y0 = py * sh - ph, x0 = px * sw - pw;
+        const int y1 = min(y0 + kh, h), x1 = min(x0 + kw, w);
+        y0 = max(y0, 0);
+        x0 = max(x0, 0);
+        T best = (T)(-3.4028234663852886e+38);
+        int arg = -1;
+        for (int r = y0; r < y1; ++r)
+            for (int c = x0; c < x1; ++c) {
+                const T v = x[plane * h * w + r * w + c];
+                if (v > best) { best = v; arg = r * w + c; }
+            }
+        y = best;
+        mask = arg;"""),
+    "maxpool_bwd": (
+        "raw T dy, raw int32 mask, " + _GEOMETRY, "T dx", """
+        const int c = i % w, r = (i / w) % h;
+        const long long base = (i / ((long long)w * h)) * oh * ow;
+        const int a0 = (r + ph < kh) ? 0 : (r + ph - kh) / sh + 1;
+        const int a1 = min((r + ph) / sh + 1, oh);
+        const int b0 = (c + pw < kw) ? 0 : (c + pw - kw) / sw + 1;
+        const int b1 = min((c + pw) / sw + 1, ow);
+        const int me = r * w + c;
+        T g = 0;
+        for (int a = a0; a < a1; ++a)
+            for (int b = b0; b < b1; ++b)
+                if (mask[base + a * ow + b] == me) g += dy[base + a * ow + b];
+        dx = g;"""),
+}
+_device_kernels = {}
+
+
+def _device_kernel(name):
+    """The named CuPy kernel of ``_DEVICE_SPECS``, compiled on first use."""
+    if name not in _device_kernels:
+        _device_kernels[name] = backend.elementwise_kernel(*_DEVICE_SPECS[name], "caffe8_" + name)
+    return _device_kernels[name]
 
 
 def pooled_size(size, kernel, pad, stride, ceil_mode):
@@ -161,6 +210,10 @@ class PoolingLayer(Layer):
         if self.method in ("MAX", "AVE") and self._whole_image(bottom[0].shape[2:]):
             self._backward_whole_image(xp, dy, bottom[0])
             return
+        if self.method == "MAX" and self.mask is not None and xp is not numpy:
+            _device_kernel("maxpool_bwd")(xp.ascontiguousarray(dy), self.mask,
+                                          *self._geometry(bottom[0].shape), bottom[0].diff)
+            return
         if self.method == "MAX" and self.mask is not None and \
                 native.max_pool_backward(dy, self.mask, bottom[0].diff):
             return
@@ -204,9 +257,22 @@ class PoolingLayer(Layer):
             grad = (xp.arange(count) == self.choice.reshape(n, c, 1)) * dy.reshape(n, c, 1)
         bottom.diff[...] = grad.reshape(bottom.shape)
 
+    def _geometry(self, x_shape):
+        """The device kernels' scalar arguments (h, w, kernel, stride, pad, out) as int32."""
+        return tuple(numpy.int32(v) for v in (*x_shape[2:], *self.k, *self.stride, *self.pad,
+                                              *self.out))
+
     def _forward_max(self, bottom, top):
         x = bottom[0].data
         xp = backend.get_array_module(x)
+        if xp is not numpy:                   # Caffe's GPU kernel: one launch for the batch
+            if backend.get_array_module(self.mask) is numpy or self.mask.shape != top[0].shape:
+                self.mask = xp.empty(top[0].shape, dtype=numpy.int32)
+            _device_kernel("maxpool_fwd")(xp.ascontiguousarray(x), *self._geometry(x.shape),
+                                          top[0].data, self.mask)
+            if len(top) == 2:
+                top[1].data[...] = self.mask
+            return
         if native.enabled_for(x, top[0].data):
             if self.mask is None or self.mask.shape != top[0].shape:
                 self.mask = numpy.empty(top[0].shape, dtype=numpy.int32)  # kept across iterations

@@ -347,7 +347,10 @@ def emit_prototxts(args):
 
 
 def profile(args):
-    """Per-layer times of caffe8 alone (the loop of ``caffe8 time``, data layers left out)."""
+    """Per-layer times of caffe8 alone (the loop of ``caffe8 time``, data layers left out). With
+    ``--gpu`` each layer's time ends with a device synchronisation, and a second loop without
+    them splits the iteration into the host's launch time and the wall time to the last kernel:
+    a launch time close to the wall time means the host (Python, CuPy) is the bottleneck."""
     for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS"):
         os.environ[var] = str(args.threads)
     sys.path.append(ROOT)                # after PYTHONPATH: another checkout's code may come first
@@ -355,11 +358,18 @@ def profile(args):
     from caffe8.engine.net import Net
     from caffe8 import layers  # noqa: F401
     clock = CLOCKS[args.clock]
+    if args.gpu:
+        backend.use_gpu(0)
+        sync = backend.cupy.cuda.Stream.null.synchronize
+    else:
+        def sync():
+            pass
     for name in args.net_list:
         backend.seed(1)
         net = Net(benchmark_net_param(name, args.batches[name]), phase="TRAIN")
         net.forward()
         net.backward()
+        sync()
         n = len(net.layers)
         fwd, bwd = [0.0] * n, [0.0] * n
         for _ in range(args.iters):
@@ -368,16 +378,19 @@ def profile(args):
                     t = clock()
                     layer.reshape(net.bottom_vecs[i], net.top_vecs[i])
                     layer.forward(net.bottom_vecs[i], net.top_vecs[i])
+                    sync()
                     fwd[i] += clock() - t
             for i in reversed(range(n)):
                 if not net.layers[i].is_data and net.layer_need_backward[i]:
                     t = clock()
                     net.layers[i].backward(net.top_vecs[i], net.bottom_need_backward[i],
                                            net.bottom_vecs[i])
+                    sync()
                     bwd[i] += clock() - t
         scale = 1000.0 / args.iters
-        print(f"{name} b{args.batches[name]} ({args.threads} threads, {args.clock} clock, "
-              f"{args.iters} iterations, code from {os.path.dirname(os.path.dirname(layers.__file__))})")
+        print(f"{name} b{args.batches[name]} ({'GPU' if args.gpu else f'{args.threads} threads'}, "
+              f"{args.clock} clock, {args.iters} iterations, code from "
+              f"{os.path.dirname(os.path.dirname(layers.__file__))})")
         by_type = {}
         for i, layer in enumerate(net.layers):
             f, b = fwd[i] * scale, bwd[i] * scale
@@ -391,6 +404,19 @@ def profile(args):
             print(f"  {kind:16s} {f:9.2f} {b:9.2f}")
         print(f"  {'total':16s} {sum(fwd) * scale:9.2f} {sum(bwd) * scale:9.2f}   "
               f"= {(sum(fwd) + sum(bwd)) * scale:.2f} ms")
+        if args.gpu:
+            runner = Caffe8Runner(net, lambda: None, clock)
+            launch, wall = [], []
+            for _ in range(args.iters):
+                sync()
+                t0 = clock()
+                runner.step()
+                launch.append(clock() - t0)
+                sync()
+                wall.append(clock() - t0)
+            print(f"  without per-layer synchronisation: host launch "
+                  f"{statistics.median(launch) * 1e3:.2f} ms, wall "
+                  f"{statistics.median(wall) * 1e3:.2f} ms per iteration (medians)")
     return 0
 
 

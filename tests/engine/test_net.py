@@ -114,6 +114,39 @@ def test_loss_stays_on_the_device_until_read():
         backend.use_cpu()
 
 
+def test_deferred_layer_checks_run_when_the_loss_is_read_or_before_the_next_pass():
+    """Layer.defer_check (how the loss layers check labels on a GPU without stalling the
+    device queue mid-forward): in a Net the check waits for the loss to be read, or for the
+    next forward pass at the latest; a failing check raises there; outside a Net it runs now."""
+    net = build(DATA + linear("a", "x", "y") + halfsq("l", "y"), dtype=numpy.float64)
+    layer, ran = net.layers[-1], []
+    forward = layer.forward
+
+    def checking_forward(bottom, top):
+        forward(bottom, top)
+        layer.defer_check(lambda: ran.append(len(ran)))
+    layer.forward = checking_forward
+    net.forward_loss(as_float=False)
+    assert ran == []
+    net.loss
+    assert ran == [0]
+    net.forward_loss(as_float=False)
+    net.forward_loss(as_float=False)            # the previous pass's check runs first
+    assert ran == [0, 1]
+    net.run_pending_checks()
+    assert ran == [0, 1, 2]
+
+    def failing():
+        raise layer.error("bad labels")
+    layer.forward = lambda bottom, top: (forward(bottom, top), layer.defer_check(failing))
+    net.forward_loss(as_float=False)
+    with pytest.raises(LayerError, match="bad labels"):
+        net.loss
+    alone = net.layers[-1].__class__(net.layers[-1].layer_param)
+    with pytest.raises(LayerError, match="bad labels"):
+        alone.defer_check(failing)                  # no Net: at once
+
+
 def test_param_diffs_accumulate_over_backward_calls():
     net = build(DATA + linear("a", "x", "y") + halfsq("l", "y"), dtype=numpy.float64)
     net.forward_backward()

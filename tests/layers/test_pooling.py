@@ -2,6 +2,7 @@
 import numpy
 import pytest
 
+from caffe8.engine import backend
 from caffe8.engine.errors import LayerError
 from caffe8.engine.gradcheck import check_layer_gradient
 from tests.layers import naive
@@ -227,3 +228,29 @@ def test_errors_name_the_layer(body, shape, n_top, fragment):
 def test_cupy_matches_numpy(shape, body):
     n_top = 2 if "MAX" in body else 1
     gpu_matches_cpu(pool_text(body), [distinct(shape).astype(numpy.float32)], n_top=n_top)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [numpy.float32, numpy.float64])
+@pytest.mark.parametrize("body", ["kernel_size: 3 stride: 2", "kernel_size: 3 stride: 1 pad: 1",
+                                  "kernel_h: 3 kernel_w: 2 stride_h: 2 stride_w: 3 pad_h: 1 pad_w: 1",
+                                  "kernel_size: 3 stride: 2 pad: 2"])
+def test_cupy_max_pooling_is_bitwise_the_host_kernel(dtype, body):
+    """Caffe's GPU MAX kernels (one launch each way) against the host C kernel: the same tops,
+    the same argmax mask (first maximum in row-major order: the input has many ties) and the
+    same bottom diff, bit for bit, where overlapping windows pick one input several times."""
+    rng = numpy.random.default_rng(3)
+    x = numpy.round(rng.standard_normal((2, 3, 9, 11)) * 2).astype(dtype)     # many ties
+    dy = rng.standard_normal((2, 3, 9, 11)).astype(dtype)                      # cut to top shape
+    text = pool_text("pool: MAX " + body)
+    runs = []
+    for xp in (numpy, backend.cupy):
+        layer, bottom, top = build(text, [x], n_top=2, dtype=dtype, xp=xp)
+        outs = forward(layer, bottom, top)
+        top[0].diff[...] = xp.asarray(numpy.ascontiguousarray(dy[:, :, :top[0].shape[2],
+                                                                  :top[0].shape[3]]))
+        layer.backward(top, [True], bottom)
+        runs.append(outs + [backend.to_numpy(bottom[0].diff)])
+    assert numpy.count_nonzero(runs[0][1] < 0) < runs[0][1].size                # masks exist
+    for host, dev in zip(*runs):
+        assert host.dtype == dev.dtype and numpy.array_equal(host, dev)

@@ -8,7 +8,7 @@ import pytest
 
 from caffe8.engine.errors import LayerError
 from caffe8.engine.gradcheck import check_layer_gradient
-from layer_util import assert_gpu_matches_cpu, blob, make, run, run_backward, tops
+from layer_util import assert_gpu_matches_cpu, blob, built_on, make, run, run_backward, tops
 
 FLT_MIN = 1.1754943508222875e-38
 
@@ -160,3 +160,18 @@ def test_float32_matches_float64_reference():
     g = run_backward(layer, bottom, top, [numpy.array(1.0)], propagate=[True, False])[0]
     assert g.dtype == numpy.float32
     numpy.testing.assert_allclose(g, ref_grad, rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.gpu
+def test_gpu_label_out_of_range_names_layer():
+    """On CuPy the label check reads the device only when asked (Layer.defer_check); a layer
+    outside a Net is asked at once, with the same message as on the host."""
+    from caffe8.engine import backend
+    cp = backend.cupy
+    with built_on(cp):
+        layer = make(loss_text())
+        bottom = [blob(numpy.zeros((2, 3)), xp=cp), blob(numpy.array([0.0, 3.0]), xp=cp)]
+        top = tops(1, xp=cp)
+        layer.setup(bottom, top)
+        with pytest.raises(LayerError, match="layer 'loss'.*label 3 out of range"):
+            layer.forward(bottom, top)
