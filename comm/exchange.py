@@ -158,14 +158,16 @@ class Exchange(SolverCallback):
     parsed ``comm`` block, already checked by comm.config.validate_comm; ``net``: an engine Net
     (``flat_data``, ``flat_diff``, ``layer_param_slices``, ``layers``). Every collective
     completes through the world's ``watchdog`` (borrowed; None: plain blocking waits).
+    ``asynchronous``: None follows ``comm.async``; a bool overrides it (the wiring's call).
     """
 
     after_layer = None
 
-    def __init__(self, world, comm, net):
+    def __init__(self, world, comm, net, asynchronous=None):
         self.world, self.net = world, net
         self.watchdog = getattr(world, "watchdog", None)        # borrowed: the world owns it
-        self.asynchronous = bool(getattr(comm, "async"))      # "async" is a Python keyword
+        # "async" is a Python keyword; ``asynchronous`` (the wiring's decision) overrides it
+        self.asynchronous = bool(getattr(comm, "async") if asynchronous is None else asynchronous)
         self.iteration = 0
         self.warmup_fp32_iters = comm.warmup_fp32_iters
         self.codec = create_codec(comm.codec, comm, world.rank)

@@ -130,15 +130,16 @@ class World:
         self.comm = comm
         self.rank = comm.Get_rank() if comm is not None else 0
         self.size = comm.Get_size() if comm is not None else 1
-        self.local_rank = self._local_rank()
+        self.local_rank, self.local_size = self._node_place()
 
-    def _local_rank(self):
-        """Rank among the processes of this node (GPU choice: one GPU per local rank)."""
+    def _node_place(self):
+        """(rank among the processes of this node, their number): one GPU per local rank, and
+        the cores the node's ranks share."""
         if self.comm is None:
-            return 0
+            return 0, 1
         node = self.comm.Split_type(mpi_module().COMM_TYPE_SHARED)  # collective, all ranks
         try:
-            return node.Get_rank()
+            return node.Get_rank(), node.Get_size()
         finally:
             node.Free()
 

@@ -6,6 +6,7 @@ ground floor never imports MPI: :class:`SingleProcessWorld` is the trivial world
 without ``mpiexec``; ``comm.mpi.World`` provides the same methods over mpi4py.
 
 Protocol: ``rank``, ``size``, ``local_rank`` (rank among the processes of this node),
+``local_size`` (the processes of this node),
 ``barrier()``, ``bcast(obj, root=0)``, ``gather(obj, root=0)`` (list on root, None elsewhere),
 ``bcast_array(host_array, root=0)`` (in place), ``allreduce_sum_array(host_array)`` (in place),
 ``allreduce_or(int)``, ``allgather_bytes(bytes)`` (list in rank order), ``abort(code)``. Over
@@ -17,7 +18,7 @@ import os
 class SingleProcessWorld:
     """Rank 0 of 1: every collective is the identity."""
 
-    rank, size, local_rank = 0, 1, 0
+    rank, size, local_rank, local_size = 0, 1, 0, 1
     comm = None
 
     def barrier(self):

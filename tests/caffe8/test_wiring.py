@@ -106,3 +106,46 @@ def test_the_cli_and_pycaffe_compose_a_run_through_the_wiring_alone():
     assert "caffe8.cli" not in solver_imports
     # no collective of the tool's own past the world (and its watchdog)
     assert "Barrier" not in cli_calls and "exchange_summary" not in cli_calls | solver_calls
+
+
+class _NodeWorld(SingleProcessWorld):
+    """One rank of a node of ``local_size`` processes (the exchange itself is single-process)."""
+
+    def __init__(self, local_size):
+        from caffe8.comm.allreduce import BLOCKING
+        self.local_size = local_size
+        self.watchdog = BLOCKING          # plain waits: a single process has nothing to watch
+
+
+@pytest.mark.parametrize("local_size, cores, emulated, synchronous", [
+    (4, 2, False, True),        # 4 ranks on 2 cores, host compute: the threads cost cores
+    (2, 2, False, False),       # a core each: the overlap stays
+    (1, 16, False, False),
+    (4, 2, True, False),        # EmulatedCompute sleeps as a GPU kernel would: cores are free
+])
+def test_async_exchange_gives_way_when_its_threads_would_take_compute_cores(
+        monkeypatch, local_size, cores, emulated, synchronous):
+    from caffe8.engine import cpu_share
+    from caffe8.wiring import make_exchange, overlap_takes_cores
+    monkeypatch.setattr(cpu_share, "usable_cores", lambda *a, **k: cores)
+    net = FakeNet(*make_tensors(0))
+    if emulated:
+        net.layers[1].type = "EmulatedCompute"
+    for layer in net.layers:
+        layer.__dict__.setdefault("type", "InnerProduct")
+    world, lines = _NodeWorld(local_size), []
+    reason = overlap_takes_cores(world, net)
+    assert (reason is not None) == synchronous
+    exchange = make_exchange(world, parse_comm(""), net, lines.append)      # async: true
+    try:
+        assert exchange.asynchronous is not synchronous
+        assert lines == ([f"comm.async: the exchange runs synchronously: {local_size} processes "
+                          f"on this node share {cores} cores, so overlap threads would take "
+                          f"them from the backward pass"] if synchronous else [])
+    finally:
+        exchange.close()
+    sync = make_exchange(world, parse_comm("async: false"), net, lines.append)
+    try:
+        assert sync.asynchronous is False and len(lines) == int(synchronous)    # no 2nd line
+    finally:
+        sync.close()

@@ -23,9 +23,10 @@ def _mpiexec():
     return exe
 
 
-def run_train(n, solver, cwd, *extra, timeout=300):
-    env = dict(os.environ, PYTHONPATH=REPO)
-    cmd = [_mpiexec(), "-n", str(n), sys.executable, "-m", "caffe8.cli", "train", "--solver", solver, *extra]
+def run_train(n, solver, cwd, *extra, timeout=300, env=None, prefix=()):
+    env = dict(os.environ, PYTHONPATH=REPO, **(env or {}))
+    cmd = [*prefix, _mpiexec(), "-n", str(n), sys.executable, "-m", "caffe8.cli", "train",
+           "--solver", solver, *extra]
     return subprocess.run(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                           text=True, timeout=timeout)
 
@@ -46,8 +47,12 @@ def test_async_and_sync_fp8_hierarchical_are_bit_identical_on_4_ranks(in_digits_
     runs = {}
     for mode in (True, False):
         folder = tmp_path / f"async_{mode}"
-        r = run_train(4, _solver(folder, processes_per_node=2, **{"async": mode}), in_digits_cwd)
+        # 4 ranks may outnumber the cores (CI has 2): keep the asynchronous exchange anyway
+        r = run_train(4, _solver(folder, processes_per_node=2, **{"async": mode}), in_digits_cwd,
+                      env={"CAFFE8_KEEP_ASYNC": "1"})
         assert r.returncode == 0, r.stdout[-3000:]
+        assert re.search(r"Gradient exchange: .*, " + ("asynchronous" if mode else "synchronous"),
+                         r.stdout), r.stdout[-3000:]
         checks = re.findall(r"consistency check: parameters bit-identical on all 4 ranks", r.stdout)
         assert len(checks) == 3, r.stdout[-3000:]
         runs[mode] = _weights(folder / "snap" / "digits_iter_30.caffemodel.h5")
@@ -187,6 +192,24 @@ def test_sigint_stops_after_the_iteration_with_a_snapshot(in_digits_cwd, tmp_pat
     assert "Optimization stopped early." in text
     snaps = list((tmp_path / "snap").glob("digits_iter_*.caffemodel.h5"))
     assert len(snaps) == 1 and int(snaps[0].name.split("_")[-1].split(".")[0]) >= 20
+
+
+@pytest.mark.skipif(shutil.which("taskset") is None, reason="no taskset")
+def test_async_exchange_runs_synchronously_where_ranks_outnumber_the_cores(in_digits_cwd,
+                                                                           tmp_path):
+    """Two ranks bound to one core: the exchange's threads would take it from backward, so the
+    job runs synchronously and says why, once; CAFFE8_KEEP_ASYNC=1 keeps the overlap."""
+    for keep in ("", "1"):
+        solver = write_solver(tmp_path / f"keep{keep}", max_iter=4, display=0, test_interval=0,
+                              test_iter=[], snapshot=0, comm={"async": True})
+        r = run_train(2, solver, in_digits_cwd, env={"CAFFE8_KEEP_ASYNC": keep},
+                      prefix=("taskset", "-c", "0"))
+        assert r.returncode == 0, r.stdout[-3000:]
+        said = re.findall(r"comm.async: the exchange runs synchronously: 2 processes on this "
+                          r"node share 1 core, so", r.stdout)
+        assert len(said) == (0 if keep else 1), r.stdout[-3000:]
+        assert re.search(r"Gradient exchange: .*, " + ("asynchronous" if keep else "synchronous"),
+                         r.stdout), r.stdout[-3000:]
 
 
 def test_async_equals_sync_with_iter_size_2(in_digits_cwd, tmp_path):
