@@ -314,6 +314,52 @@ def test_small_format_sum_saturates_and_keeps_nan():
     assert e3m0.tolist() == [8.0]
 
 
+def test_e5m2_host_sum_through_the_exchange_kernels_equals_the_general_path():
+    """The host's E5M2 sum runs on comm.kernels' fp8 encode and MPI-op sum; the general
+    per-addition rounding (an equal format that is not the shared E5M2 object) is the
+    reference: values over the whole range (subnormals, saturating sums, cancellation to
+    zero, ties, operands far apart, NaN), bit for bit."""
+    from caffe8.comm.formats import FP8_E5M2, FloatFormat
+    general = FloatFormat(5, 2, name="E5M2")
+    assert general is not FP8_E5M2
+    rng = numpy.random.default_rng(21)
+    codes = rng.integers(0, 256, (7, 50_000)).astype(numpy.uint8)
+    codes[codes & 0x7F >= 0x7C] &= 0x83                          # no inf/NaN codes ...
+    rows = [FP8_E5M2.decode(c) for c in codes]
+    rows[3][:100] = -rows[2][:100]                                # exact cancellations
+    rows[0][100:110] = numpy.nan                                  # ... but some NaN
+    fast = small_format_sum(rows, FP8_E5M2)
+    slow = small_format_sum(rows, general)
+    assert fast.dtype == slow.dtype == numpy.float32
+    assert numpy.array_equal(fast.view(numpy.uint32)[110:], slow.view(numpy.uint32)[110:])
+    assert numpy.isnan(fast[100:110]).all() and numpy.isnan(slow[100:110]).all()
+    assert numpy.count_nonzero(numpy.abs(fast) == 57344.0) > 100          # saturated sums
+    two = small_format_sum(rows[2:4], FP8_E5M2)                   # x + (-x): +0, as IEEE
+    assert numpy.array_equal(two[:100].view(numpy.uint32), numpy.zeros(100, numpy.uint32))
+
+
+def test_e5m2_host_compress_through_the_fp8_kernel_equals_the_general_encoder():
+    """E5M2 float32 tensors on the host are scaled and encoded by comm.kernels' fp8 kernel; an
+    equal format that is not the shared object takes the general float64 path: the same codes
+    for every exponent (tiny, subnormal and huge tensors), NaN, inf, zeros of both signs."""
+    from caffe8.comm.formats import FP8_E5M2, FloatFormat
+    rng = numpy.random.default_rng(22)
+    fast, slow = ApsCompressor(FP8_E5M2), ApsCompressor(FloatFormat(5, 2, name="E5M2"))
+    for magnitude in (1e-44, 1e-39, 1e-20, 1e-3, 1.0, 3e4, 1e30, 3e38):
+        x = (rng.standard_normal(4099) * magnitude).astype(numpy.float32)
+        x[:4] = [0.0, -0.0, x[4] * 1e-9, -x[5] * 1e-9]
+        for processes in (1, 4):
+            got, (k, _, _) = fast.compress(x, processes=processes)
+            want, ctx = slow.compress(x, processes=processes)
+            assert (k, got.dtype) == (ctx[0], numpy.uint8) and numpy.array_equal(got, want)
+    special = numpy.float32([numpy.nan, numpy.inf, -numpy.inf, 2.0, -0.0])
+    for exponent in (None, 0, -5, 20):
+        got, _ = fast.compress(special, exponent)
+        want, _ = slow.compress(special, exponent)
+        assert numpy.array_equal(got[1:], want[1:])        # inf saturates the same way
+        assert all(numpy.isnan(FP8_E5M2.decode(c[:1]))[0] for c in (got, want))  # a NaN code each
+
+
 @pytest.mark.gpu
 def test_small_format_sum_on_cupy_gives_the_numpy_bits():
     from caffe8.engine import backend
