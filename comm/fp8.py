@@ -164,16 +164,11 @@ CUDA_KERNEL_SPECS = {
     "widen": ("float32 x", "float64 y", "y = c8_f2d(x)"),
 }
 
-_kernels = {}
-
 
 def _cuda_kernel(name):
-    """The named fused CuPy kernel, compiled on first use."""
-    if name not in _kernels:
-        inp, out, body = CUDA_KERNEL_SPECS[name]
-        _kernels[name] = backend.cupy.ElementwiseKernel(inp, out, body, "caffe8_fp8_" + name,
-                                                        preamble=CUDA_PREAMBLE)
-    return _kernels[name]
+    """The named fused CuPy kernel (made once: ``backend.elementwise_kernel``)."""
+    inp, out, body = CUDA_KERNEL_SPECS[name]
+    return backend.elementwise_kernel(inp, out, body, "caffe8_fp8_" + name, CUDA_PREAMBLE)
 
 
 def _is_gpu(xp):
@@ -270,14 +265,15 @@ def encode_ratio(grad, weight, eps, scale, rounding="nearest", out=None):
     """
     _check_rounding(rounding)
     xp = backend.get_array_module(grad, weight)
-    if _is_gpu(xp):
+    gpu = _is_gpu(xp)
+    if gpu:
         g, w = _float32_on_device(grad), _float32_on_device(weight)
     else:
         g, w = xp.asarray(grad, dtype=xp.float32), xp.asarray(weight, dtype=xp.float32)
     if g.shape != w.shape:
         raise ValueError(f"comm.fp8.encode_ratio: grad shape {g.shape} != weight shape {w.shape}")
     eps32, scale32 = numpy.float32(eps), numpy.float32(scale)
-    if _is_gpu(xp):
+    if gpu:
         kernel = _cuda_kernel("encode_ratio_" + _conversion(rounding))
         return kernel(g, w, eps32, scale32) if out is None else kernel(g, w, eps32, scale32, out)
     ratio = g / (numpy.abs(w) + eps32)
@@ -297,11 +293,12 @@ def encode_scaled(x, scale, rounding="nearest", out=None):
     included, as comm.kernels' host encode), into ``out`` when given."""
     _check_rounding(rounding)
     xp = backend.get_array_module(x)
-    x32 = _float32_on_device(x) if _is_gpu(xp) else xp.asarray(x, dtype=xp.float32)
     if _is_gpu(xp):
+        x32 = _float32_on_device(x)
         kernel = _cuda_kernel("encode_scaled_" + _conversion(rounding))
         scale32 = numpy.float32(scale)
         return kernel(x32, scale32) if out is None else kernel(x32, scale32, out)
+    x32 = xp.asarray(x, dtype=xp.float32)
     return _into(_encode_host(x32, rounding, float(numpy.float32(scale))), out)
 
 
@@ -317,12 +314,13 @@ def decode_scaled(b, inv_scale):
 def decode_ratio(b, weight, eps, inv_scale):
     """``decode(b) * inv_scale * (|weight| + eps)`` in float32, left to right; shape of b."""
     xp = backend.get_array_module(b, weight)
+    gpu = _is_gpu(xp)
     b = xp.asarray(b)                                              # codes on weight's device
-    w = _float32_on_device(weight) if _is_gpu(xp) else xp.asarray(weight, dtype=xp.float32)
+    w = _float32_on_device(weight) if gpu else xp.asarray(weight, dtype=xp.float32)
     if b.shape != w.shape:
         raise ValueError(f"comm.fp8.decode_ratio: codes shape {b.shape} != weight shape {w.shape}")
     eps32, inv32 = numpy.float32(eps), numpy.float32(inv_scale)
-    if _is_gpu(xp):
+    if gpu:
         return _cuda_kernel("decode_ratio")(b, w, eps32, inv32)
     y = decode(b) * inv32
     y *= numpy.abs(w) + eps32

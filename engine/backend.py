@@ -10,6 +10,7 @@ import. It switches CuPy's float32 GEMMs (cuBLAS) to the TF32 compute type and t
 convolutions to tensor-op math; ``tf32_enabled()`` is what the cuDNN layer code reads. On the
 CPU it changes nothing (NumPy has no TF32 path) and says so.
 """
+import functools
 import os
 
 import numpy
@@ -144,10 +145,7 @@ def random_uniform(shape, dtype, module=None):
     out = module.empty(shape, dtype=dtype)
     if out.dtype not in (numpy.float32, numpy.float64):
         raise TypeError(f"random_uniform: float32 or float64, not {out.dtype}")
-    global _uniform_kernel
-    if _uniform_kernel is None:
-        _uniform_kernel = module.ElementwiseKernel(*UNIFORM_KERNEL_SPEC, "caffe8_uniform")
-    return _uniform_kernel(numpy.uint64(key), out)
+    return elementwise_kernel(*UNIFORM_KERNEL_SPEC, "caffe8_uniform")(numpy.uint64(key), out)
 
 
 #: (inputs, outputs, body) of the device uniform generator: element i is word i of NumPy's
@@ -173,7 +171,6 @@ UNIFORM_KERNEL_SPEC = ("uint64 key", "T y", """
     const unsigned long long word = j == 0 ? c0 : j == 1 ? c1 : j == 2 ? c2 : c3;
     y = sizeof(y) == 4 ? (T)((double)(word >> 40) * 5.9604644775390625e-08)
                        : (T)((double)(word >> 11) * 1.1102230246251565e-16)""")
-_uniform_kernel = None
 
 
 def bind_thread():
@@ -327,7 +324,9 @@ def is_device_array(a):
     return _cupy_ok and isinstance(a, cupy.ndarray)
 
 
-def elementwise_kernel(in_params, out_params, operation, name):
-    """A ``cupy.ElementwiseKernel`` (compiled on first launch, cached by CuPy), so layer modules
-    can fuse a step's arithmetic into one launch without importing cupy themselves."""
-    return cupy.ElementwiseKernel(in_params, out_params, operation, name)
+@functools.lru_cache(maxsize=None)
+def elementwise_kernel(in_params, out_params, operation, name, preamble=""):
+    """The ``cupy.ElementwiseKernel`` of these arguments, made once per process (CuPy compiles it
+    on first launch and caches the binary), so that layer and comm modules fuse a step's
+    arithmetic into one launch without importing cupy or keeping kernel caches of their own."""
+    return cupy.ElementwiseKernel(in_params, out_params, operation, name, preamble=preamble)

@@ -3,7 +3,8 @@
 Scores of shape (..., C, ...) with the class axis at ``axis`` are viewed as (outer, C, inner) and
 labels (any shape with outer·inner elements) as (outer, inner), as Caffe indexes them.
 """
-from caffe8.engine import backend
+import numpy
+
 from caffe8.engine.layer import Layer
 from caffe8.layers.axes import count
 
@@ -38,10 +39,10 @@ def check_label_range(layer, xp, labels, valid, classes):
         if bool(any_bad):
             raise layer.error(f"label {int(first)} out of range: labels must be in "
                               f"0 .. {classes - 1} (or equal to ignore_label)")
-    if backend.is_device_array(bad):
-        layer.defer_check(verdict)
-    else:
+    if xp is numpy:
         verdict()
+    else:
+        layer.defer_check(verdict)
 
 
 def one_hot(xp, labels, classes):

@@ -62,14 +62,11 @@ _DEVICE_SPECS = {
                 if (mask[base + a * ow + b] == me) g += dy[base + a * ow + b];
         dx = g;"""),
 }
-_device_kernels = {}
 
 
 def _device_kernel(name):
-    """The named CuPy kernel of ``_DEVICE_SPECS``, compiled on first use."""
-    if name not in _device_kernels:
-        _device_kernels[name] = backend.elementwise_kernel(*_DEVICE_SPECS[name], "caffe8_" + name)
-    return _device_kernels[name]
+    """The named CuPy kernel of ``_DEVICE_SPECS`` (made once: ``backend.elementwise_kernel``)."""
+    return backend.elementwise_kernel(*_DEVICE_SPECS[name], "caffe8_" + name)
 
 
 def pooled_size(size, kernel, pad, stride, ceil_mode):
