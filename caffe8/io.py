@@ -9,7 +9,7 @@ import numpy
 
 from caffe8.proto import caffe_pb2
 from caffe8.engine.errors import CaffeError, DataError
-from caffe8.engine.proto.blobs import array_to_blob, blob_shape, blob_to_array
+from caffe8.engine.proto.blobs import array_to_blob, blob_shape
 
 # scikit-image's rgb2gray weights (ITU-R BT.709), which pycaffe's load_image(color=False) uses
 _GREY = numpy.array([0.2125, 0.7154, 0.0721], dtype=numpy.float32)
@@ -17,12 +17,23 @@ _GREY = numpy.array([0.2125, 0.7154, 0.0721], dtype=numpy.float32)
 
 # --- arrays and messages (caffe_pb2 objects) ----------------------------------------------------
 def blobproto_to_array(blob, return_diff=False):
-    """The array of a BlobProto (its ``shape``, else legacy num/channels/height/width)."""
-    if not return_diff:
-        return blob_to_array(blob)
-    diff = blob.double_diff if len(blob.double_diff) else blob.diff
-    return numpy.array(diff, dtype=numpy.float64 if len(blob.double_diff) else numpy.float32
-                       ).reshape(blob_shape(blob))
+    """The array of a BlobProto (its data, or its diff), shaped as pycaffe shapes it: by
+    ``shape``, else the legacy num/channels/height/width, else as a scalar. Values that do not
+    fill that shape raise ValueError, as pycaffe's reshape does (a blob with no shape and more
+    than one value among them)."""
+    doubles, floats = (blob.double_diff, blob.diff) if return_diff else (blob.double_data,
+                                                                         blob.data)
+    values = numpy.array(doubles if len(doubles) else floats,
+                         dtype=numpy.float64 if len(doubles) else numpy.float32)
+    shaped = blob.HasField("shape") or any(blob.HasField(f) for f in ("num", "channels",
+                                                                       "height", "width"))
+    shape = blob_shape(blob) if shaped else ()
+    if values.size != int(numpy.prod(shape, dtype=numpy.int64)):
+        has = f"shape {shape}" if shaped else "no shape (neither shape.dim nor num/channels/" \
+            "height/width: a scalar)"
+        raise ValueError(f"blobproto_to_array: the BlobProto has {has} but {values.size} "
+                         f"{'diff' if return_diff else 'data'} values")
+    return values.reshape(shape)
 
 
 def array_to_blobproto(arr, diff=None):

@@ -410,7 +410,7 @@ class Net:
 
     # --- weights -----------------------------------------------------------------------------
     def copy_from(self, path):
-        """Load weights by layer name from a Caffe model: binary ``.caffemodel`` or HDF5 ``.h5``."""
+        """Load weights by layer name from a Caffe model: binary proto or HDF5 (told by content)."""
         path = str(path)
         if not os.path.exists(path):
             raise DataError(f"{path}: weights file not found")
@@ -429,7 +429,9 @@ class Net:
         self._net.to_hdf5(str(path))
 
     def load_hdf5(self, path):
-        self._net.copy_trained_layers_from(str(path))
+        """Caffe's CopyTrainedLayersFromHDF5: the file is read as HDF5 whatever its name."""
+        from caffe8.engine.net_hdf5 import copy_trained_layers
+        copy_trained_layers(self._net, str(path))
 
     # --- MemoryData ----------------------------------------------------------------------------
     def set_input_arrays(self, data, labels):

@@ -29,7 +29,8 @@ class LayerError(CaffeError):
         """This error with the layer's definition site added (unchanged if it has one)."""
         if self.location or not location:
             return self
-        located = LayerError(self.layer_name, self.message, self.layer_type, location)
+        # its own class: a subclass (layers.python_layer's, of the user's exception) stays one
+        located = type(self)(self.layer_name, self.message, self.layer_type, location)
         located.__cause__ = self.__cause__
         return located
 

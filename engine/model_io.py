@@ -102,11 +102,12 @@ def write_binary_model(net, path, write_diff=False):
 
 # --- dispatch -------------------------------------------------------------------------------------
 def load_weights(net, path):
-    """Copy trained params into ``net`` from an HDF5 (``.h5``) or binary model file."""
+    """Copy trained params into ``net`` from an HDF5 or binary model file, told apart by its
+    content (HDF5's signature), whatever its name."""
     path = str(path)
     if not os.path.isfile(path):
         raise DataError(f"{path}: model file does not exist")
-    if format_of(path) == HDF5:
+    if net_hdf5.is_hdf5(path):
         net_hdf5.copy_trained_layers(net, path)
     else:
         copy_trained_layers_binary(net, path)

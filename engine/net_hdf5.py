@@ -12,6 +12,14 @@ from caffe8.engine import backend
 from caffe8.engine.errors import DataError
 
 
+def is_hdf5(path):
+    """True when the file at ``path`` is HDF5 (by its signature, not its name)."""
+    try:
+        return h5py.is_hdf5(path)
+    except OSError:
+        return False
+
+
 def layer_groups(path):
     """Yield ``(layer name, {param index: h5py Dataset})`` for every layer group under /data of
     the HDF5 model at ``path``, in file order, while the file is open (a dataset is read only
@@ -38,9 +46,8 @@ def _visit(group, prefix):
 
 
 def copy_trained_layers(net, path):
-    """Copy params of same-named layers from the HDF5 model at ``path`` into ``net``."""
-    if not str(path).endswith(".h5"):
-        raise DataError(f"{path}: only HDF5 model files (.h5) are supported")
+    """Copy params of same-named layers from the HDF5 model at ``path`` (any name, as Caffe's
+    CopyTrainedLayersFromHDF5) into ``net``."""
     by_name = {}
     for i, layer in enumerate(net.layers):
         by_name.setdefault(layer.name, []).append(i)

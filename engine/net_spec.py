@@ -21,6 +21,11 @@ from caffe8.engine.schema import ENUMS, SCHEMA
 from caffe8.engine.validate import validate
 
 
+class SpecTypeError(CaffeError, TypeError):
+    """A value of the wrong Python type given to a layer function or a NetSpec: a TypeError, as
+    pycaffe raises, and a CaffeError (one clear line from the tools)."""
+
+
 def _param_fields():
     """Layer type → the LayerParameter field holding its parameters (``InnerProduct`` →
     ``inner_product_param``), read from the schema's ``<Type>Parameter`` message names."""
@@ -73,13 +78,13 @@ def assign_proto(msg, name, value, where=None):
     elif spec.is_message:
         sub = getattr(msg, name)
         if not isinstance(value, dict):
-            raise CaffeError(f"{where}: {spec.type} is set from a dict, got {value!r}")
+            raise SpecTypeError(f"{where}: {spec.type} is set from a dict, got {value!r}")
         for k, v in value.items():
             assign_proto(sub, k, v, f"{where}.{k}")
         setattr(msg, name, sub)
     else:
         if isinstance(value, (list, tuple)):
-            raise CaffeError(f"{where}: not a repeated field, got a list")
+            raise SpecTypeError(f"{where}: not a repeated field, got a list")
         setattr(msg, name, _scalar(spec, value, where))
 
 
@@ -90,7 +95,7 @@ def _message(type_name, value, where):
         from caffe8.engine.proto.convert import from_pb
         return from_pb(value, where)
     if not isinstance(value, dict):
-        raise CaffeError(f"{where}: {type_name} is set from a dict, got {value!r}")
+        raise SpecTypeError(f"{where}: {type_name} is set from a dict, got {value!r}")
     msg = Message(type_name)
     for k, v in value.items():
         assign_proto(msg, k, v, f"{where}.{k}")
@@ -118,8 +123,8 @@ class Function:
         self.type_name = type_name
         for i, inp in enumerate(inputs):
             if not isinstance(inp, Top):
-                raise CaffeError(f"L.{type_name}: bottom {i} is a {type(inp).__name__}, not a "
-                                 "top of another layer")
+                # pycaffe's words, which its tests match exactly
+                raise SpecTypeError(f"{type_name} input {i} is not a Top (type is {type(inp)})")
         self.inputs = list(inputs)
         self.params = dict(params)
         self.ntop = self.params.pop("ntop", 1)
@@ -195,8 +200,8 @@ class NetSpec:
     def __setattr__(self, name, value):
         # a Function is a layer without tops (``L.Silence(n.acc, ntop=0)``): the name is its own
         if not isinstance(value, (Top, Function)):
-            raise CaffeError(f"NetSpec.{name}: assign a layer's top (L.Type(...)) or a layer "
-                             f"with ntop=0, got {type(value).__name__}")
+            raise SpecTypeError(f"NetSpec.{name}: assign a layer's top (L.Type(...)) or a "
+                                f"layer with ntop=0, got {type(value).__name__}")
         self.tops[name] = value
 
     def __getattr__(self, name):

@@ -14,7 +14,10 @@ layer's learnable parameters. Then Caffe's calls, with caffe8 Blobs:
     backward(top, propagate_down, bottom)
 
 A module or class that cannot be imported, a missing method, or an exception raised by the
-user's code becomes one LayerError naming the layer (with the original exception's text).
+user's code becomes one LayerError naming the layer (with the original exception's text). An
+exception from the user's own methods keeps its type, as pycaffe lets it through: the error is
+of a class derived from both LayerError and the original one (``except RuntimeError`` and
+``except CaffeError`` both catch it; see :func:`layer_error_like`).
 ``share_in_parallel`` is accepted and has no effect: every caffe8 rank is its own process.
 
 Layers written for pycaffe begin with ``import caffe`` and subclass ``caffe.Layer``. When no
@@ -33,7 +36,7 @@ import sys
 import numpy
 
 from caffe8.engine.blob import Blob
-from caffe8.engine.errors import CaffeError
+from caffe8.engine.errors import CaffeError, LayerError
 from caffe8.engine.layer import Layer, register_layer
 
 PHASES = {"TRAIN": 0, "TEST": 1}
@@ -114,6 +117,26 @@ def _takes_argument(cls):
                for p in params)
 
 
+_LIKE = {}
+
+
+def layer_error_like(original):
+    """The LayerError class that is also of ``original``'s type (``LayerError`` itself when the
+    two cannot be combined: a type whose constructor needs fixed arguments, a final builtin)."""
+    kind = type(original)
+    if kind not in _LIKE:
+        try:
+            derived = type(kind.__name__, (LayerError, kind),
+                           {"__module__": kind.__module__, "__qualname__": kind.__qualname__,
+                            "__str__": BaseException.__str__})  # KeyError's would quote it
+            # LayerError's constructor must reach the original's and give its message
+            usable = str(derived("layer", "probe")) == "layer 'layer': probe"
+        except TypeError:
+            usable = False
+        _LIKE[kind] = derived if usable else LayerError
+    return _LIKE[kind]
+
+
 @register_layer("Python")
 class PythonLayer(Layer):
     def __init__(self, layer_param, phase="TRAIN", dtype=numpy.float32):
@@ -132,8 +155,8 @@ class PythonLayer(Layer):
         try:
             module = _import_module(pp.module, _prototxt_folder(self.layer_param))
         except Exception as e:  # ImportError, or an error raised while the module runs
-            raise self.error(f"cannot import python_param.module '{pp.module}': "
-                             f"{type(e).__name__}: {e}{_foreign_caffe_hint(e)}") from e
+            raise self._error_like(e, f"cannot import python_param.module '{pp.module}': "
+                                   f"{type(e).__name__}: {e}{_foreign_caffe_hint(e)}") from e
         cls = getattr(module, pp.layer, None)
         if cls is None or not callable(cls):
             raise self.error(f"module '{pp.module}' ({getattr(module, '__file__', '?')}) has no "
@@ -141,8 +164,8 @@ class PythonLayer(Layer):
         try:
             return cls(self.layer_param) if _takes_argument(cls) else cls()
         except Exception as e:
-            raise self.error(f"cannot instantiate {pp.module}.{pp.layer}: "
-                             f"{type(e).__name__}: {e}") from e
+            raise self._error_like(e, f"cannot instantiate {pp.module}.{pp.layer}: "
+                                   f"{type(e).__name__}: {e}") from e
 
     def _call(self, method, *args):
         fn = getattr(self.user, method, None)
@@ -154,8 +177,12 @@ class PythonLayer(Layer):
         except CaffeError:
             raise
         except Exception as e:
-            raise self.error(f"{type(self.user).__name__}.{method}() raised "
-                             f"{type(e).__name__}: {e}") from e
+            raise self._error_like(e, f"{type(self.user).__name__}.{method}() raised "
+                                   f"{type(e).__name__}: {e}") from e
+
+    def _error_like(self, original, message):
+        """``self.error(message)``, also of ``original``'s type (pycaffe lets it through)."""
+        return layer_error_like(original)(self.name, message, self.type)
 
     def layer_setup(self, bottom, top):
         self._call("setup", bottom, top)

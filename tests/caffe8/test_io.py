@@ -126,6 +126,25 @@ def test_blobproto_from_hand_encoded_bytes():
     assert caffe.io.blobproto_to_array(legacy).shape == (1, 1, 1, 2)
 
 
+def test_blobproto_without_shape_is_a_scalar_or_a_value_error():
+    """pycaffe reshapes a BlobProto with no shape to ``()``: one value is a scalar, more raise
+    ValueError (BVLC's test_io test_no_shape / test_scalar); the diff follows the same rule."""
+    blob = caffe_pb2.BlobProto()
+    blob.data.extend([0.0] * 100)
+    with pytest.raises(ValueError, match="no shape.*100 data values"):
+        caffe.io.blobproto_to_array(blob)
+    one = caffe_pb2.BlobProto()
+    one.data.append(123.0)
+    one.diff.extend([1.0, 2.0])
+    assert caffe.io.blobproto_to_array(one).shape == () and caffe.io.blobproto_to_array(one) == 123
+    with pytest.raises(ValueError, match="2 diff values"):
+        caffe.io.blobproto_to_array(one, return_diff=True)
+    one.shape.dim.append(2)  # a shape that the data does not fill
+    with pytest.raises(ValueError, match=r"shape \(2,\) but 1 data values"):
+        caffe.io.blobproto_to_array(one)
+    numpy.testing.assert_array_equal(caffe.io.blobproto_to_array(one, return_diff=True), [1, 2])
+
+
 def test_datum_bytes_match_protobuf():
     datum = caffe.io.array_to_datum(numpy.array([[[97, 98]]], dtype=numpy.uint8), label=3)
     # channels 1, height 1, width 2, data "ab", label 3 in field order

@@ -129,3 +129,16 @@ def test_bad_fields_name_the_layer_and_field():
     n2.data = L.Input(shape=dict(dim=[1]), include=dict(phase=7))
     with pytest.raises(CaffeError, match="not a value of Phase"):
         n2.to_proto()
+
+
+def test_a_bottom_that_is_not_a_top_is_a_type_error_in_pycaffes_words():
+    data = L.DummyData(ntop=2)  # a tuple of two tops
+    with pytest.raises(TypeError, match=r"^Silence input 0 is not a Top \(type is <class "
+                                        r"'tuple'>\)$") as err:
+        L.Silence(data, ntop=0)
+    assert isinstance(err.value, CaffeError)  # the tools print it as one line
+    n = caffe.NetSpec()
+    with pytest.raises(TypeError, match="NetSpec.x: assign a layer's top"):
+        n.x = 3
+    n.silence = L.Silence(*data, ntop=0)
+    assert [layer.type for layer in n.to_proto().layer] == ["DummyData", "Silence"]

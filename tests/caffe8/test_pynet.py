@@ -1,4 +1,6 @@
 """caffe8.Net as pycaffe's caffe.Net, each piece against a hand computation in NumPy."""
+import os
+
 import numpy
 import pytest
 
@@ -182,6 +184,29 @@ def test_weights_files_and_sharing(net_file, tmp_path):
     a.save(binary)
     e = caffe.Net(net_file, caffe.TEST, weights=binary)
     numpy.testing.assert_array_equal(e.params["ip2"][0].data, a.params["ip2"][0].data)
+
+
+def test_hdf5_weights_are_told_by_content_not_name(net_file, tmp_path):
+    """pycaffe's save_hdf5 / load_hdf5 on a temporary file of any name (BVLC's test_save_hdf5
+    uses tempfile's), and copy_from on an HDF5 file named like a binary model."""
+    a = caffe.Net(net_file, caffe.TRAIN)
+    path = str(tmp_path / "tmpweights")
+    a.save_hdf5(path)
+    with open(path, "rb") as f:
+        assert f.read(8) == b"\x89HDF\r\n\x1a\n"  # HDF5's signature
+    b, c = caffe.Net(net_file, caffe.TEST), caffe.Net(net_file, caffe.TEST)
+    b.load_hdf5(path)
+    odd = str(tmp_path / "w.caffemodel")
+    os.rename(path, odd)
+    c.copy_from(odd)
+    for net in (b, c):
+        for name in ("ip1", "ip2"):
+            for pa, pb in zip(a.params[name], net.params[name]):
+                numpy.testing.assert_array_equal(pa.data, pb.data)
+    with open(path, "wb") as f:
+        f.write(b"neither format")
+    with pytest.raises(DataError, match=f"{path}.*HDF5"):
+        b.load_hdf5(path)
 
 
 def test_set_input_arrays_needs_a_memory_data_layer(net_file):

@@ -194,3 +194,60 @@ def test_errors_in_user_code_become_layer_errors(tmp_path):
                  linreg(PY_LOSS.replace("user_pyloss", "user_bad_setup")))
     with pytest.raises(LayerError, match="setup.*Need two inputs"):
         Net(path)
+
+
+RAISES = '''
+class Odd(Exception):
+    def __init__(self, code, detail):  # a constructor LayerError's cannot call
+        super().__init__(code, detail)
+
+
+class Raising:
+    def setup(self, bottom, top):
+        if self.param_str == "runtime":
+            raise RuntimeError("setup refused")
+        if self.param_str == "key":
+            raise KeyError("k")
+        if self.param_str == "odd":
+            raise Odd(7, "odd")
+
+    def reshape(self, bottom, top):
+        top[0].reshape((1,))
+
+    def forward(self, bottom, top):
+        raise ValueError("no forward")
+'''
+
+
+@pytest.mark.parametrize("kind", ["runtime", "key"])
+def test_user_exceptions_keep_their_type_and_gain_the_layer_name(tmp_path, kind):
+    """pycaffe lets a Python layer's exception through: ``except RuntimeError`` catches it; it
+    is also a LayerError whose text names the layer and its line in the file."""
+    layer = PY_LOSS.replace("user_pyloss", f"user_raise_{kind}").replace(
+        "EuclideanLossLayer", "Raising").replace("hello", kind)
+    path = write(tmp_path, f"user_raise_{kind}", RAISES, linreg(layer))
+    original = {"runtime": RuntimeError, "key": KeyError}[kind]
+    with pytest.raises(original) as err:
+        Net(path)
+    assert isinstance(err.value, LayerError)
+    line = next(k for k, text in enumerate(open(path), 1) if "type: 'Python'" in text)
+    assert str(err.value).startswith(f"layer 'loss' (type Python) at {path}:{line}:")
+    assert f"Raising.setup() raised {original.__name__}" in str(err.value)
+    assert isinstance(err.value.__cause__, original) and not isinstance(err.value.__cause__,
+                                                                          LayerError)
+
+
+def test_user_exceptions_in_forward_and_odd_constructors(tmp_path):
+    layer = PY_LOSS.replace("user_pyloss", "user_raise_fw").replace(
+        "EuclideanLossLayer", "Raising").replace("hello", "")
+    net = Net(write(tmp_path, "user_raise_fw", RAISES, linreg(layer)))
+    with pytest.raises(ValueError, match="layer 'loss'.*Raising.forward.*no forward"):
+        net.forward()
+    # an exception class whose constructor needs its own arguments: a plain LayerError
+    (tmp_path / "odd").mkdir()
+    layer = layer.replace("user_raise_fw", "user_raise_odd").replace("param_str: ''",
+                                                                     "param_str: 'odd'")
+    path = write(tmp_path / "odd", "user_raise_odd", RAISES, linreg(layer))
+    with pytest.raises(LayerError, match=r"Raising.setup\(\) raised Odd") as err:
+        Net(path)
+    assert type(err.value) is LayerError
