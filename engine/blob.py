@@ -15,6 +15,22 @@ class Blob:
         shape = tuple(int(s) for s in shape)
         self.data = self._xp.zeros(shape, dtype=self.dtype)
         self.diff = self._xp.zeros(shape, dtype=self.dtype)
+        self._stamp = [0]   # the data's version, shared by the blobs that share the array
+
+    @property
+    def version(self):
+        """How many times the data was written as far as the Net knows: the Net bumps it after
+        each forward of the layer whose top this is (an in-place layer's too), a reshape or a
+        rebinding does as well. Blobs sharing one array (``share_data``) share the count. A
+        layer's backward that reuses what its forward computed from a bottom checks that the
+        bottom's version has not moved since; writes from outside the Net (pycaffe's
+        ``blob.data[...] = ...``) are not counted, which is why that reuse also needs the
+        trainer's promise (``Layer.forward_work_kept``)."""
+        return self._stamp[0]
+
+    def touch(self):
+        """Count a write of the data (see :attr:`version`)."""
+        self._stamp[0] += 1
 
     @property
     def shape(self):
@@ -53,6 +69,7 @@ class Blob:
             raise ValueError(f"negative blob dimension in {shape}")
         if shape == self.shape:
             return
+        self.touch()
         if int(numpy.prod(shape, dtype=numpy.int64)) == self.count and self.data.flags.c_contiguous:
             self.data = self.data.reshape(shape)
             self.diff = self.diff.reshape(shape)
@@ -65,10 +82,13 @@ class Blob:
         data_view[...] = self.data.reshape(data_view.shape)
         diff_view[...] = self.diff.reshape(diff_view.shape)
         self.data, self.diff = data_view, diff_view
+        self.touch()
 
     def share_data(self, other):
         """Make this blob use ``other``'s data array (Split forward, in-place layers)."""
         self.data = other.data
+        self._stamp = other._stamp
+        self.touch()
 
     def __repr__(self):
         return f"Blob(shape={self.shape}, dtype={self.dtype})"

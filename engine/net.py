@@ -455,6 +455,8 @@ class Net:
                 fn(i, layer)
             self._reshape(layer, bottom, top)
             layer.forward(bottom, top)
+            for blob in top:
+                blob.touch()
             for blob, w in zip(top, self.layer_loss_weights[i]):
                 if w:
                     loss = loss + w * blob.data.sum(dtype=numpy.float64)

@@ -148,12 +148,29 @@ class ConvolutionLayer(Layer):
         if not self.adjoint and cudnn_conv.wants(self, bottom[0].data):  # CUDNN/DEFAULT on CuPy
             return cudnn_conv.forward(self, bottom, top)
         geo = self._geometry_for(bottom[0].shape)
-        run = geo.backward_data if self.adjoint else geo.forward
         bias = self.blobs[1].data if len(self.blobs) > 1 else None
+        # per bottom: (its version now, the token of the columns forward left in the buffer)
+        self._columns_made = []
         for b, t in zip(bottom, top):
-            run(b.data, self.blobs[0].data, t.data)
+            if self.adjoint:
+                geo.backward_data(b.data, self.blobs[0].data, t.data)
+                token = None
+            else:
+                token = geo.forward(b.data, self.blobs[0].data, t.data)
+            self._columns_made.append((b.version, token))
             if bias is not None:
                 add_channel_bias(t.data, bias)
+
+    def _kept_columns(self, i, blob):
+        """The token of the columns this layer's forward made of bottom ``i`` when backward may
+        use them as they are: the trainer vouches that nothing outside the Net wrote the bottoms
+        (``forward_work_kept``) and the Net counted no write of this one since (its version);
+        ``ConvGeometry`` then checks that the buffer still holds them. Else None: made again."""
+        made = getattr(self, "_columns_made", ())
+        if not self.forward_work_kept or i >= len(made):
+            return None
+        version, token = made[i]
+        return token if version == blob.version else None
 
     def backward(self, top, propagate_down, bottom):
         if not self.adjoint and cudnn_conv.wants(self, top[0].diff):
@@ -167,7 +184,8 @@ class ConvolutionLayer(Layer):
                 self.blobs[1].diff += channel_sum(t.diff)
             if want_w:       # the adjoint's input and output gradient trade places
                 x, dy = (t.diff, b.data) if self.adjoint else (b.data, t.diff)
-                geo.weight_gradient(x, dy, self.blobs[0].diff, reuse=self.forward_work_kept)
+                kept = None if self.adjoint else self._kept_columns(i, b)
+                geo.weight_gradient(x, dy, self.blobs[0].diff, kept=kept)
             if i < len(propagate_down) and propagate_down[i]:
                 data_gradient(t.diff, self.blobs[0].data, b.diff)
 
@@ -210,12 +228,6 @@ class DeconvolutionLayer(ConvolutionLayer):
 def add_channel_bias(y, bias):
     """y (N, O, *spatial) += bias (O,) broadcast over batch and positions."""
     y.reshape(y.shape[0], y.shape[1], -1)[...] += bias.reshape(1, -1, 1)
-
-
-def _array_key(x):
-    """What names an array's memory and layout: its address (host or device), shape, strides."""
-    ptr = x.data.ptr if hasattr(x.data, "ptr") else x.__array_interface__["data"][0]
-    return ptr, x.shape, x.strides, x.dtype.str
 
 
 _ONES = {}   # (positions, dtype, array module) -> a column of ones, as Caffe's bias_multiplier
@@ -262,7 +274,8 @@ class ConvGeometry:
         self.positions = int(numpy.prod(self.out_spatial))
         self.k_group = self.channels // group * int(numpy.prod(kernel))
         self._buffers = {}
-        self._cols_of = None  # the array whose batch columns the "cols" buffer holds
+        # names the batch columns the "cols" buffer holds now; None once anything else took it
+        self._cols_token = None
 
     @property
     def out_shape(self):
@@ -271,7 +284,7 @@ class ConvGeometry:
     def _buffer(self, name, shape, like):
         """A scratch array reused across calls (allocated again only when ``shape`` grows)."""
         if name == "cols":
-            self._cols_of = None   # whoever takes the buffer now writes it
+            self._cols_token = None   # whoever takes the buffer now writes it
         xp = backend.get_array_module(like)
         size = int(numpy.prod(shape))
         buf = self._buffers.get(name)
@@ -305,24 +318,28 @@ class ConvGeometry:
     def _geometry(self):
         return self.kernel, self.pad, self.stride, self.dilation
 
-    def _cols_batch(self, x, reuse=False):
-        """Columns of ``x`` (n, C, ...) as ``(group, K, n*P)`` in a reused buffer; with ``reuse``
-        the buffer as it is when it already holds the columns of this very array (forward made
-        them and, the caller knows, nothing wrote ``x`` since)."""
+    def _cols_batch(self, x, kept=None):
+        """``(columns of x (n, C, ...) as (group, K, n*P) in the reused buffer, their token)``.
+        ``kept``: the token ``forward`` returned for this very ``x``, whose columns the caller
+        knows to be still current; they are used as they are when the buffer still holds them
+        (nothing took it since), else made again under a new token."""
         n = x.shape[0]
-        key = _array_key(x)
-        kept = reuse and self._cols_of == key
+        still_there = kept is not None and kept is self._cols_token
         buf = self._buffer("cols", (self.group * self.k_group * n * self.positions,), x)
-        if not kept:
+        if not still_there:
             im2col(x, *self._geometry(), out=buf)
-        self._cols_of = key
-        return buf.reshape(self.group, self.k_group, n * self.positions)
+        self._cols_token = kept if still_there else object()
+        return buf.reshape(self.group, self.k_group, n * self.positions), self._cols_token
 
     def forward(self, x, w, y):
-        """y (N, O, *out) = conv(x (N, C, ...), w); y is overwritten."""
+        """y (N, O, *out) = conv(x (N, C, ...), w); y is overwritten. Returns a token naming the
+        columns of the whole ``x`` when it leaves them in the buffer (one chunk on the batch
+        path), for ``weight_gradient(kept=...)``; else None."""
         wg = self._weight(w)
         og = self.num_output // self.group
-        for lo, hi in self._chunks(x.shape[0]):
+        chunks = self._chunks(x.shape[0])
+        token = None
+        for lo, hi in chunks:
             n = hi - lo
             if self._per_image(x, y):
                 shape = (n, self.group, self.k_group, self.positions)
@@ -335,9 +352,11 @@ class ConvGeometry:
                 backend.matmul(wg, cols, out=y[lo:hi].reshape(n, self.group, og, self.positions))
                 continue
             prod = self._buffer("prod", (self.group, og, n * self.positions), x)
-            backend.matmul(wg, self._cols_batch(x[lo:hi]), out=prod)
+            cols, token = self._cols_batch(x[lo:hi])
+            backend.matmul(wg, cols, out=prod)
             y[lo:hi].reshape(n, self.num_output, self.positions)[...] = \
                 prod.reshape(self.num_output, n, self.positions).swapaxes(0, 1)
+        return token if len(chunks) == 1 else None
 
     def backward_data(self, dy, w, dx):
         """dx (N, C, ...) = the adjoint of ``forward`` applied to dy (N, O, *out); overwritten."""
@@ -369,12 +388,14 @@ class ConvGeometry:
         buf[...] = dy.reshape(n, self.num_output, self.positions).swapaxes(0, 1)
         return buf.reshape(self.group, og, n * self.positions)
 
-    def weight_gradient(self, x, dy, dw, reuse=False):
-        """dw (O, C/group, *kernel) += the gradient of ``forward`` w.r.t. the weight. ``reuse``:
-        ``x`` is unchanged since ``forward`` (see ``_cols_batch``)."""
+    def weight_gradient(self, x, dy, dw, kept=None):
+        """dw (O, C/group, *kernel) += the gradient of ``forward`` w.r.t. the weight. ``kept``:
+        the token ``forward`` returned for this ``x``, when the caller knows that nothing wrote
+        ``x`` since (see ``_cols_batch``)."""
         og = self.num_output // self.group
         dwg = dw.reshape(self.group, og, self.k_group)
-        for lo, hi in self._chunks(x.shape[0]):
-            cols = self._cols_batch(x[lo:hi], reuse)
+        chunks = self._chunks(x.shape[0])
+        for lo, hi in chunks:
+            cols, _ = self._cols_batch(x[lo:hi], kept if len(chunks) == 1 else None)
             backend.matmul(self._grouped_batch(dy[lo:hi]), cols.swapaxes(1, 2), out=dwg,
                            accumulate=True)

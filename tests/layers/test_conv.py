@@ -390,3 +390,41 @@ def test_in_place_layer_between_forward_and_its_reader_keeps_the_columns_right()
     assert [layer.name for layer in net.layers][:5] == ["in", "c1", "r1", "c2", "r2"]
     kept, redone = _weight_diffs(net, True), _weight_diffs(net, False)
     assert all(numpy.array_equal(a, b) for a, b in zip(kept, redone))
+
+
+def test_a_counted_write_of_the_bottom_makes_the_columns_again():
+    """The trainer's promise is not enough on its own: a write the Net counts (a layer's
+    forward into the blob, Blob.touch) between forward and backward makes the layer read its
+    bottom again, as Caffe's backward does."""
+    net = _conv_net()
+    c2, y = net.layers[2], net.blobs["y"]
+    assert c2._geometry_for(y.shape).positions < conv_module.PER_IMAGE_MIN_POSITIONS
+    net.clear_param_diffs()
+    net.keep_forward_work(True)
+    net.forward_loss()
+    y.data[...] *= 2
+    y.touch()
+    net.backward()
+    net.keep_forward_work(False)
+    kept = [p.diff.copy() for p in net.learnable_params]
+    net.clear_param_diffs()
+    net.backward()             # the same top diffs, the columns made from y as it is now
+    assert all(numpy.array_equal(a, b) for a, b in zip(kept, [p.diff for p in net.learnable_params]))
+
+
+def test_columns_are_not_kept_across_a_forward_of_the_per_image_layout():
+    """The stale-columns bug: batch columns made by one backward must not serve the next
+    forward + backward when that forward took the per-image layout (it never made them)."""
+    geo = conv_module.ConvGeometry((2, 3, 24, 24), 4, 1, (1, 1), (0, 0), (1, 1), (1, 1))
+    rng = numpy.random.default_rng(0)
+    w = rng.standard_normal((4, 3, 1, 1)).astype(numpy.float32)
+    x = numpy.empty((2, 3, 24, 24), numpy.float32)
+    y = numpy.empty((2, 4, 24, 24), numpy.float32)
+    dy = rng.standard_normal(y.shape).astype(numpy.float32)
+    for _ in range(2):
+        x[...] = rng.standard_normal(x.shape)
+        token = geo.forward(x, w, y)
+        kept, plain = numpy.zeros_like(w), numpy.zeros_like(w)
+        geo.weight_gradient(x, dy, kept, kept=token)
+        geo.weight_gradient(x, dy, plain)
+        assert numpy.array_equal(kept, plain)

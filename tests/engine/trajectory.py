@@ -1,0 +1,179 @@
+"""The trajectory oracle: the trainer's gradients, step by step, against a fresh reference Net.
+
+A net is written twice from one body of layers: with an ``HDF5Data`` layer that hands the trainer
+a different batch every step (``write_batches``), and with ``Input`` layers of the same shapes
+for the reference. :class:`GradientRecorder`, a solver callback placed first, keeps what each
+step of the trainer started from (every layer's blobs) and what it ended with before the update
+(its batch, Dropout's masks, the local gradients, before any exchange). :func:`reference_gradients`
+then builds a *fresh* Net for each step on the plain paths (NumPy im2col, NumPy's BLAS, no kept
+buffers, pycaffe's separate forward and backward), loads that step's blobs, batch and masks and
+computes the gradients again. A fast path that reuses stale work (Convolution's columns of an
+earlier batch) shows at its second step as an error far above rounding.
+
+Imported by the tests and by ``trajectory_prog.py`` (the same under ``mpiexec``).
+"""
+import contextlib
+import os
+
+import h5py
+import numpy
+
+from caffe8.engine import backend, blas
+from caffe8.engine.callbacks import SolverCallback
+from caffe8.engine.net import Net
+from caffe8.engine.prototxt import parse_text
+from caffe8.layers import native
+
+#: error a step may show beyond 10x its first step's (float32 rounding of sums of a few thousand
+#: terms, relative to the largest element); a reused stale input shows 1e-2 .. 1
+ROUNDING_FLOOR = 2e-6
+#: the first step's own bound: the fast and the plain path agree to float32 rounding
+FIRST_STEP_BOUND = 1e-4
+#: gradients below this are zero in exact arithmetic (a bias before BatchNorm): compared absolutely
+NEGLIGIBLE = 1e-5
+
+
+def _shape_text(shape):
+    return " ".join(f"dim: {d}" for d in shape)
+
+
+def net_texts(body, inputs, batch_file):
+    """(trainer's net, reference net): ``body`` after an HDF5Data layer reading the list file
+    ``batch_file``, and after ``Input`` layers; ``inputs``: ``{top: shape}`` in top order."""
+    tops = " ".join(f'top: "{name}"' for name in inputs)
+    batch = next(iter(inputs.values()))[0]
+    train = (f'name: "oracle"\nlayer {{ name: "data" type: "HDF5Data" {tops} '
+             f'hdf5_data_param {{ source: "{batch_file}" batch_size: {batch} }} }}\n' + body)
+    ref = f'name: "oracle"\n' + "".join(
+        f'layer {{ name: "in_{name}" type: "Input" top: "{name}" '
+        f'input_param {{ shape {{ {_shape_text(shape)} }} }} }}\n'
+        for name, shape in inputs.items()) + body
+    return train, ref
+
+
+def write_batches(folder, inputs, steps, make, ranks=1, seed=0):
+    """An HDF5 file of ``steps * ranks`` batches (row ``r`` of every ``ranks`` goes to rank ``r``,
+    as HDF5Data shards) and its list file; ``make(name, shape, rng)`` draws one batch of input
+    ``name``. Returns the list file's path."""
+    rng = numpy.random.default_rng(seed)
+    data = {name: [] for name in inputs}
+    for _ in range(steps):
+        per_rank = {name: [make(name, shape, rng) for _ in range(ranks)]
+                    for name, shape in inputs.items()}
+        for name, shape in inputs.items():
+            rows = numpy.empty((shape[0] * ranks,) + tuple(shape[1:]), numpy.float32)
+            for r in range(ranks):
+                rows[r::ranks] = per_rank[name][r]
+            data[name].append(rows)
+    path = os.path.join(str(folder), "batches.h5")
+    with h5py.File(path, "w") as f:
+        for name, parts in data.items():
+            f[name] = numpy.concatenate(parts)
+    listing = os.path.join(str(folder), "batches.txt")
+    with open(listing, "w") as f:
+        f.write(path + "\n")
+    return listing
+
+
+def _layer_blobs(net):
+    return [(layer.name, i, b) for layer in net.layers for i, b in enumerate(layer.blobs)]
+
+
+class GradientRecorder(SolverCallback):
+    """Keeps, per step: every layer blob before forward, the batch, Dropout's masks and the
+    local gradients before the update (place it first, before an exchange)."""
+
+    def __init__(self, net, inputs):
+        self.net, self.inputs, self.steps = net, list(inputs), []
+
+    def on_start(self):
+        self._blobs = {(n, i): b.data.copy() for n, i, b in _layer_blobs(self.net)}
+
+    def on_gradients_ready(self):
+        masks = [layer.mask.copy() / layer.scale for layer in self.net.layers
+                 if layer.type == "Dropout"]
+        self.steps.append({
+            "blobs": self._blobs,
+            "batch": {name: self.net.blobs[name].data.copy() for name in self.inputs},
+            "masks": masks,
+            "grads": [p.diff.copy() for p in self.net.learnable_params]})
+
+
+@contextlib.contextmanager
+def plain_paths():
+    """NumPy im2col/pooling instead of the C kernels, NumPy's BLAS instead of caffe8's."""
+    saved_native, saved_blas = native._enabled, blas._state
+    native.use_native(False)
+    blas._state = (None, "the trajectory oracle's reference")
+    try:
+        yield
+    finally:
+        native._enabled = saved_native
+        blas._state = saved_blas
+
+
+@contextlib.contextmanager
+def replayed_uniforms(draws):
+    """``backend.random_uniform`` hands out ``draws`` in order (Dropout's recorded masks as 0/1,
+    which select the same elements as the uniforms that made them)."""
+    queue = list(draws)
+    original = backend.random_uniform
+
+    def replay(shape, dtype, xp=None):
+        u = queue.pop(0)
+        assert u.shape == tuple(shape), (u.shape, shape)
+        return u.astype(dtype)
+
+    backend.random_uniform = replay
+    try:
+        yield
+    finally:
+        backend.random_uniform = original
+
+
+def reference_gradients(ref_text, step):
+    """The gradients a fresh Net computes at ``step``'s blobs, batch and masks."""
+    with plain_paths():
+        net = Net(parse_text(ref_text, "reference.prototxt"), phase="TRAIN")
+        for name, i, blob in _layer_blobs(net):
+            blob.data[...] = step["blobs"][(name, i)]
+        for name, value in step["batch"].items():
+            net.blobs[name].data[...] = value
+        net.clear_param_diffs()
+        with replayed_uniforms(step["masks"]):
+            net.forward_loss()
+        net.backward()
+        return [p.diff.copy() for p in net.learnable_params]
+
+
+def param_names(net):
+    """``layer/index`` of each learnable param, in ``net.learnable_params`` order."""
+    owners = {id(b): f"{n}/{i}" for n, i, b in _layer_blobs(net)}
+    return [owners.get(id(p), f"param{j}") for j, p in enumerate(net.learnable_params)]
+
+
+def step_errors(ref_text, steps):
+    """``errors[k][j]``: max |trainer - reference| / max |reference| of param j at step k (over
+    ``NEGLIGIBLE`` where the reference is smaller: a gradient that is zero but for rounding)."""
+    errors = []
+    for step in steps:
+        ref = reference_gradients(ref_text, step)
+        errors.append([float(numpy.abs(g - r).max() / max(numpy.abs(r).max(), NEGLIGIBLE))
+                       for g, r in zip(step["grads"], ref)])
+    return errors
+
+
+def failures(errors, names):
+    """What breaks the oracle's bounds: the first step beyond FIRST_STEP_BOUND, a later step
+    beyond 10x the first step's error (at least ROUNDING_FLOOR)."""
+    bad = []
+    for j, name in enumerate(names):
+        first = errors[0][j]
+        if first > FIRST_STEP_BOUND:
+            bad.append(f"{name}: step 1 error {first:.2e}")
+        bound = 10 * max(first, ROUNDING_FLOOR)
+        for k in range(1, len(errors)):
+            if errors[k][j] > bound:
+                bad.append(f"{name}: step {k + 1} error {errors[k][j]:.2e} "
+                           f"(step 1: {first:.2e})")
+    return bad
