@@ -61,6 +61,11 @@ class Layer(abc.ABC):
     #: layer's bottoms in between (the trainer's step, ``Net.keep_forward_work``): backward may
     #: then reuse what forward computed from them (Convolution's columns) instead of redoing it
     forward_work_kept = False
+    #: indices of the blobs this layer's forward writes itself (BatchNorm's running statistics,
+    #: learnable with lr_mult 0 as in Caffe): no exchange sums them, so under data parallelism the
+    #: trainer gives every rank rank 0's after each iteration (what Caffe's root solver holds
+    #: and snapshots; PyTorch DDP's broadcast_buffers), keeping the ranks' parameters identical
+    forward_state_blobs = ()
 
     @property
     def auto_top_blobs(self):

@@ -406,6 +406,11 @@ class Net:
                 src = self.layers[owner[0]].blobs[owner[1]]
                 blob.data = src.data.reshape(blob.shape)
                 blob.diff = src.diff.reshape(blob.shape)
+        # owned params that their layer's forward writes (BatchNorm's running statistics)
+        self.forward_state_slices = [
+            self.param_slices[self.learnable_param_ids[net_id]]
+            for net_id, (i, k) in enumerate(self.param_layer_indices)
+            if self.param_owners[net_id] is None and k in self.layers[i].forward_state_blobs]
 
     # --- running -------------------------------------------------------------------------------
     def add_forward_hook(self, fn):

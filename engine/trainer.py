@@ -10,6 +10,8 @@ import math
 import os
 import time
 
+import numpy
+
 
 from caffe8.engine import backend, blas, model_io
 from caffe8.engine.errors import CaffeError, SolverError
@@ -148,6 +150,24 @@ class Trainer:
             host = backend.to_numpy(flat)
             self.world.bcast_array(host, root=0)
             flat[...] = backend.to_device(host, like=flat)
+
+    def _share_forward_state(self):
+        """Every rank takes rank 0's forward-written params (``Layer.forward_state_blobs``:
+        BatchNorm's statistics, which each rank's forward moved with its own batch; no exchange
+        sums them), so that the ranks hold bit-identical parameters after every iteration. One
+        small broadcast per iteration, only for nets that have such params."""
+        slices = self.net.forward_state_slices
+        if self.world.size == 1 or not slices:
+            return
+        flat = self.net.flat_data
+        host = numpy.concatenate([backend.to_numpy(flat[sl]) for sl in slices])
+        self._next_collective("forward state broadcast")
+        self.world.bcast_array(host, root=0)
+        at = 0
+        for sl in slices:
+            n = sl.stop - sl.start
+            flat[sl] = backend.to_device(host[at:at + n], like=flat)
+            at += n
 
     # --- callbacks (Caffe's Solver::Callback) -----------------------------------------------------
     def add_callback(self, callback):
@@ -313,6 +333,7 @@ class Trainer:
                 flags = self._agreed_flags(loss)
             if self._gradients_finite(flags):
                 self.solver.apply_update(done=done)
+            self._share_forward_state()
             if self.timing is not None:
                 self.timing.end_iteration(self.iter - 1, time.perf_counter() - t0, wait)
             if progress is not None:

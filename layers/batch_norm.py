@@ -28,6 +28,7 @@ from caffe8.layers.axes import reshape_like
 class BatchNormLayer(Layer):
     exact_num_bottom = 1
     exact_num_top = 1
+    forward_state_blobs = (0, 1, 2)   # mean, variance, the moving-average factor
 
     def layer_setup(self, bottom, top):
         p = self.layer_param.batch_norm_param
