@@ -19,7 +19,8 @@ def select_device(gpu, solver_mode, device_id, world, log):
     want = gpu is not None or solver_mode == "GPU"
     if not want or not backend.gpu_available():
         if want and gpu is not None:
-            raise CaffeError(f"--gpu {gpu} given but no CUDA GPU / CuPy is available")
+            from caffe8.device import no_gpu_message
+            raise CaffeError(no_gpu_message(f"--gpu {gpu}"))
         if want:
             from caffe8.device import note_solver_mode
             note_solver_mode(solver_mode, log)

@@ -1,5 +1,7 @@
 """pycaffe's process-wide settings: CPU or GPU mode, the device, the random seed; the
-multi-GPU names (solver count and rank, NCCL) mapped onto MPI; ``Timer``."""
+multi-GPU names (solver count and rank, NCCL) mapped onto MPI; ``Timer``; what to install
+where a GPU is asked for and none is usable (``no_gpu_message``)."""
+import importlib.util
 import os
 import time
 
@@ -7,18 +9,69 @@ from caffe8.engine import backend
 from caffe8.engine.errors import CaffeError
 
 _device = 0
+#: the mode pycaffe was put in ("CPU" or "GPU"); "GPU" without a usable GPU fails when a net
+#: runs (``check_mode``), as BVLC's pycaffe fails in the first GPU call, not in set_mode_gpu
+_mode = "CPU"
+
+#: setup.cfg's extras that install GPU support from wheels (CuPy, the CUDA libraries it loads and
+#: cuDNN 9), by the CUDA major version of the NVIDIA driver, and the oldest driver of each
+GPU_EXTRAS = (("cuda13", "580"), ("cuda12", "525"))
+
+
+def _source_tree():
+    """The folder of caffe8's setup.cfg when caffe8 runs from a source checkout, else None."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    return root if os.path.isfile(os.path.join(root, "setup.cfg")) else None
+
+
+def install_line(extra):
+    """pip's command that adds GPU support (setup.cfg's extra ``extra``) to this caffe8: the
+    checkout's folder for a source install, the package's name otherwise."""
+    root = _source_tree()
+    return f"pip install -e '{root}[{extra}]'" if root else f"pip install 'caffe8[{extra}]'"
+
+
+def no_gpu_message(what):
+    """None when a CUDA GPU is usable; else ``what`` followed by why not and the install line
+    of each CUDA major version (the README's "On GPUs")."""
+    if backend.gpu_available():
+        return None
+    if importlib.util.find_spec("cupy") is None:
+        why = "CuPy is not installed"
+    elif backend.cupy is None:
+        why = "CuPy is installed but does not import (a CuPy built for another CUDA version?)"
+    else:
+        why = ("CuPy sees no CUDA device (no NVIDIA driver, a driver older than CuPy's CUDA, "
+               "or CUDA_VISIBLE_DEVICES empty)")
+    lines = " or ".join(f"`{install_line(extra)}` (NVIDIA driver {driver} or newer)"
+                        for extra, driver in GPU_EXTRAS)
+    return f"{what}: no CUDA GPU can be used: {why}. Install GPU support with {lines}"
 
 
 def set_mode_cpu():
     """Nets built from now on keep their arrays in host memory (NumPy)."""
+    global _mode
+    _mode = "CPU"
     backend.use_cpu()
 
 
 def set_mode_gpu():
-    """Nets built from now on live on the GPU chosen by :func:`set_device` (CuPy)."""
-    if not backend.gpu_available():
-        raise CaffeError("set_mode_gpu: no CUDA GPU / CuPy is available on this machine")
-    backend.use_gpu(_device)
+    """Nets built from now on live on the GPU chosen by :func:`set_device` (CuPy). As BVLC's,
+    this only sets the mode: without a usable GPU a net or solver fails when it runs
+    (``check_mode``), with the line that installs GPU support."""
+    global _mode
+    _mode = "GPU"
+    if backend.gpu_available():
+        backend.use_gpu(_device)
+
+
+def check_mode(what):
+    """Raise ``CaffeError`` when pycaffe is in GPU mode and this process has no usable GPU
+    (pycaffe's Net forward/backward and Solver step/solve call it before they run)."""
+    message = None if _mode != "GPU" or backend.on_gpu() else \
+        no_gpu_message(f"{what} in GPU mode (caffe8.set_mode_gpu())")
+    if message:
+        raise CaffeError(message)
 
 
 def set_device(device_id):
@@ -42,8 +95,8 @@ def note_solver_mode(solver_mode, log):
     """Log once per process that a solver file asks for the GPU while this process runs on the
     CPU: no GPU / CuPy here, or (pycaffe, which as BVLC's takes its mode from
     :func:`set_mode_gpu` alone) a GPU that the script did not select. Returns the note, or None."""
-    if solver_mode != "GPU" or backend.on_gpu():
-        return None
+    if solver_mode != "GPU" or backend.on_gpu() or _mode == "GPU":
+        return None  # (GPU mode without a GPU fails when the solver runs: check_mode)
     if backend.gpu_available():
         note = ("solver_mode is GPU but pycaffe is in CPU mode (call caffe8.set_mode_gpu() "
                 "before building the solver, as with BVLC's pycaffe); running on the CPU")
@@ -166,8 +219,9 @@ def layer_type_list():
 def device_query(gpu=None):
     """Caffe's ``device_query`` lines for the GPU ids in ``gpu`` ("0,1"; None or "all": every
     visible GPU)."""
-    if not backend.gpu_available():
-        raise CaffeError("device_query: no CUDA GPU / CuPy is available on this machine")
+    message = no_gpu_message("device_query")
+    if message:
+        raise CaffeError(message)
     runtime = backend.cupy.cuda.runtime
     count = runtime.getDeviceCount()
     if gpu in (None, "all"):

@@ -10,6 +10,7 @@ from collections import OrderedDict
 
 import numpy
 
+from caffe8.device import check_mode
 from caffe8.engine import backend
 from caffe8.engine.errors import CaffeError, DataError, LayerError
 from caffe8.engine.net import Net as EngineNet
@@ -284,6 +285,7 @@ class Net:
     def forward(self, blobs=None, start=None, end=None, **kwargs):
         """Set input blobs from ``kwargs``, run layers ``start``..``end`` (names, inclusive),
         return {blob: data} for the outputs (or ``end``'s tops) plus ``blobs``."""
+        check_mode("Net.forward")
         blobs = list(blobs or [])
         start_i = 0 if start is None else self._layer_index(start, "forward start")
         if end is None:
@@ -299,6 +301,7 @@ class Net:
     def backward(self, diffs=None, start=None, end=None, **kwargs):
         """Set output diffs from ``kwargs``, run backward from layer ``start`` down to ``end``,
         return {blob: diff} for the inputs (or ``end``'s bottoms) plus ``diffs``."""
+        check_mode("Net.backward")
         diffs = list(diffs or [])
         n = len(self._net.layers)
         start_i = n - 1 if start is None else self._layer_index(start, "backward start")

@@ -75,10 +75,14 @@ class Solver:
 
     def step(self, iters):
         """Run ``iters`` iterations (tests, display and snapshots as the solver file says)."""
+        from caffe8.device import check_mode
+        check_mode("Solver.step")
         self._trainer.step(int(iters))
 
     def solve(self, resume_file=None, resume=None):
         """Train to ``max_iter`` (Caffe's Solve), optionally resuming from a solver state."""
+        from caffe8.device import check_mode
+        check_mode("Solver.solve")
         self._trainer.solve(resume_file=resume_file or resume)
 
     def restore(self, path):

@@ -26,6 +26,7 @@ import ctypes
 import glob
 import importlib.util
 import os
+import sys
 import threading
 
 import numpy
@@ -86,16 +87,29 @@ class AlgoPerf(ctypes.Structure):
 
 
 # --- loading -------------------------------------------------------------------------------------
+def nvidia_roots():
+    """Every ``nvidia`` folder the NVIDIA wheels install into: the parts of the ``nvidia``
+    namespace package, then each import path entry's own (an older wheel's
+    ``nvidia/__init__.py`` makes the first one a regular package that hides the others, e.g.
+    a user-site CuPy beside a venv's cuDNN)."""
+    try:
+        spec = importlib.util.find_spec("nvidia")
+    except (ImportError, ValueError):
+        spec = None
+    roots = list(spec.submodule_search_locations or []) if spec else []
+    for entry in sys.path:
+        folder = os.path.join(entry or os.getcwd(), "nvidia")
+        if os.path.isdir(folder) and folder not in roots:
+            roots.append(folder)
+    return roots
+
+
 def wheel_library_dirs(roots=None):
-    """``lib`` folders holding libcudnn.so.9 inside the installed NVIDIA wheels (the ``nvidia``
-    namespace package: ``nvidia/cudnn/lib`` for the cuDNN wheels, whatever sibling folder a
-    later layout uses), cuDNN's own folder first. ``roots`` replaces the package's locations."""
+    """``lib`` folders holding libcudnn.so.9 inside the installed NVIDIA wheels
+    (``nvidia/cudnn/lib`` in both ``nvidia-cudnn-cu12`` and ``-cu13``, whatever sibling folder
+    a later layout uses), cuDNN's own folder first. ``roots`` replaces ``nvidia_roots()``."""
     if roots is None:
-        try:
-            spec = importlib.util.find_spec("nvidia")
-        except (ImportError, ValueError):
-            spec = None
-        roots = list(spec.submodule_search_locations or []) if spec else []
+        roots = nvidia_roots()
     dirs = []
     for root in roots:
         found = sorted(glob.glob(os.path.join(root, "*", "lib", LIBRARY_NAME)),

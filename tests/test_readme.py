@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from caffe8.cli import build_parser
+from caffe8.cli import build_parser, translate_caffe_flags
 from caffe8.engine.prototxt import parse_text
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -190,3 +190,72 @@ def test_the_across_nodes_command_runs(tmp_path):
     assert "2 processes on 2 nodes" in r.stdout, r.stdout[-3000:]
     accuracy = float(re.findall(r"Test net output #0: accuracy = ([\d.]+)", r.stdout)[-1])
     assert accuracy > 0.9, r.stdout[-2000:]
+
+
+# --- "On GPUs": the install lines name wheel extras, the commands parse, and without a GPU the
+# first one stops with the install line (nothing here runs on a GPU) --------------------------
+def _gpu_lines():
+    return [l for l in _block(r"## On GPUs").splitlines() if l.strip()]
+
+
+def _extras():
+    import configparser
+    cfg = configparser.ConfigParser()
+    cfg.read(os.path.join(REPO, "setup.cfg"))
+    return {name: [r for r in value.split("\n") if r.strip()]
+            for name, value in cfg["options.extras_require"].items()}
+
+
+def test_the_gpu_install_lines_name_extras_of_wheels_for_each_cuda_major():
+    """Each pip line asks for setup.cfg extras; the CUDA ones pull CuPy's wheel for that CUDA
+    major (cupy-cudaNNx with its CUDA libraries) and cuDNN's (nvidia-cudnn-cuNN), never the
+    `cupy` source package. Whether pip resolves them to wheels needs the package index:
+    `pip install --dry-run --only-binary :all: '.[cuda13]'` (run by hand)."""
+    from caffe8.device import GPU_EXTRAS
+    extras = _extras()
+    pips = [l for l in _gpu_lines() if " install " in l]
+    asked = set()
+    for line in pips:
+        words = line.split("#")[0].split()
+        assert words[:2] == [".venv/bin/pip", "install"] and "-e" in words, line
+        spec = re.fullmatch(r"'\.\[([\w,]+)\]'", words[-1])
+        assert spec, line
+        names = spec.group(1).split(",")
+        assert set(names) <= set(extras), (line, sorted(extras))
+        asked |= set(names)
+    assert {extra for extra, _ in GPU_EXTRAS} <= asked and "gpu" not in extras
+    for extra, driver in GPU_EXTRAS:
+        major = extra[len("cuda"):]
+        reqs = [re.split(r"[<>=\[;\s]", r, 1)[0] for r in extras[extra]]
+        assert reqs == [f"cupy-cuda{major}x", f"nvidia-cudnn-cu{major}"], extras[extra]
+        assert "[ctk]" in extras[extra][0]  # CuPy's CUDA libraries as wheels, no toolkit
+        line = next(l for l in pips if f"{extra}]" in l)
+        assert f"driver {driver}" in line and f"CUDA {major}" in line
+
+
+def test_the_gpu_commands_parse_as_the_cli_reads_them():
+    parser = build_parser()
+    commands = [l for l in _gpu_lines() if "caffe8 " in l]
+    assert any("-gpu all" in l for l in commands) and any("--tf32" in l for l in commands)
+    for line in commands:
+        words = line.split("#")[0].split()
+        argv = words[words.index("caffe8") + 1:]
+        args = parser.parse_args(translate_caffe_flags(argv, parser))
+        if args.command == "train":
+            assert args.gpu in ("0", "all")
+            assert os.path.exists(os.path.join(REPO, args.solver)), args.solver
+
+
+def test_the_gpu_command_without_a_gpu_names_the_readmes_install(tmp_path):
+    from caffe8.engine import backend
+    if backend.gpu_available():
+        pytest.skip("a GPU is here: the command would run")
+    line = next(l for l in _gpu_lines() if " -gpu 0" in l)
+    os.symlink(os.path.join(REPO, "prototxt"), tmp_path / "prototxt")
+    r = subprocess.run(_argv(line, "mpiexec"), cwd=tmp_path, stdout=subprocess.PIPE,
+                       stderr=subprocess.STDOUT, text=True, timeout=300,
+                       env=dict(os.environ, PYTHONPATH=REPO))
+    assert r.returncode == 1 and "Traceback" not in r.stdout, r.stdout[-2000:]
+    assert "caffe8: error: --gpu 0: no CUDA GPU can be used" in r.stdout
+    for extra in ("cuda13", "cuda12"):   # the README's extras, for this checkout's folder
+        assert f"pip install -e '{REPO}[{extra}]'" in r.stdout, r.stdout

@@ -1,4 +1,5 @@
 """caffe8's process-wide settings: seed, CPU/GPU mode, device_query (on a stand-in runtime)."""
+import os
 from types import SimpleNamespace
 
 import numpy
@@ -24,13 +25,64 @@ def test_set_random_seed_makes_fillers_repeatable(tmp_path):
     assert not numpy.array_equal(b, c)
 
 
-def test_gpu_mode_without_a_gpu_is_a_clear_error():
-    from caffe8.engine import backend
-    if backend.gpu_available():
-        pytest.skip("a GPU is present")
-    with pytest.raises(CaffeError, match="no CUDA GPU"):
+NET = ('layer { name: "d" type: "Input" top: "d" input_param { shape { dim: 2 dim: 3 } } }\n'
+       'layer { name: "ip" type: "InnerProduct" bottom: "d" top: "ip" '
+       'inner_product_param { num_output: 2 } }')
+
+
+def test_gpu_mode_without_a_gpu_sets_the_mode_and_a_run_names_the_install(tmp_path, monkeypatch):
+    """As BVLC's pycaffe: set_mode_gpu() only sets the mode (a notebook goes on past it); the
+    net builds, and running it fails with the lines that install GPU support."""
+    monkeypatch.setattr(backend, "gpu_available", lambda: False)
+    path = tmp_path / "n.prototxt"
+    path.write_text(NET)
+    try:
         caffe.set_mode_gpu()
-    caffe.set_mode_cpu()
+        net = caffe.Net(str(path), caffe.TEST)
+        for run in (net.forward, net.backward):
+            with pytest.raises(CaffeError) as info:
+                run()
+            text = str(info.value)
+            assert "in GPU mode (caffe8.set_mode_gpu())" in text and "no CUDA GPU" in text
+            for extra in ("cuda13", "cuda12"):
+                assert f"[{extra}]'`" in text
+    finally:
+        caffe.set_mode_cpu()
+    assert net.forward()["ip"].shape == (2, 2)  # back in CPU mode, the same net runs
+
+
+def test_the_no_gpu_message_says_what_is_missing(monkeypatch):
+    import importlib.util
+    from caffe8 import device
+    monkeypatch.setattr(backend, "gpu_available", lambda: True)
+    assert device.no_gpu_message("x") is None
+    monkeypatch.setattr(backend, "gpu_available", lambda: False)
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "cupy" else real(name, *a))
+    assert "CuPy is not installed" in device.no_gpu_message("x")
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object())
+    monkeypatch.setattr(backend, "cupy", None)
+    assert "does not import" in device.no_gpu_message("x")
+    monkeypatch.setattr(backend, "cupy", SimpleNamespace())
+    assert "sees no CUDA device" in device.no_gpu_message("x")
+
+
+def test_the_install_line_is_the_checkouts_or_the_packages(monkeypatch, tmp_path):
+    """From a source checkout (as the README installs it) the line names its folder, which
+    holds the setup.cfg whose extras it asks for; installed from a wheel, the package name."""
+    import configparser
+    from caffe8 import device
+    root = device._source_tree()
+    if root is not None:
+        cfg = configparser.ConfigParser()
+        cfg.read(os.path.join(root, "setup.cfg"))
+        extras = cfg["options.extras_require"]
+        for extra, _ in device.GPU_EXTRAS:
+            assert device.install_line(extra) == f"pip install -e '{root}[{extra}]'"
+            assert extra in extras
+    monkeypatch.setattr(device, "_source_tree", lambda: None)
+    assert device.install_line("cuda12") == "pip install 'caffe8[cuda12]'"
 
 
 def test_device_query_lines(monkeypatch):

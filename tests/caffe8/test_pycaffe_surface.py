@@ -379,3 +379,25 @@ def test_python_layer_importing_an_unbuilt_pycaffe_says_what_to_do(tmp_path, mon
     assert "No module named 'caffe._caffe'" in text
     assert str(bvlc / "caffe") in text and "import caffe8 as caffe" in text
     assert "\n" not in text
+
+
+def test_set_mode_gpu_without_a_gpu_fails_when_the_solver_runs(in_digits_cwd, tmp_path,
+                                                               monkeypatch):
+    """BVLC's order: set_mode_gpu() and the solver's construction pass; step and solve fail,
+    naming the install lines, with no "running on the CPU" note (it would not run there)."""
+    from caffe8.engine import backend
+    monkeypatch.setattr(device, "_noted", set())
+    monkeypatch.setattr(backend, "gpu_available", lambda: False)
+    path = write_solver(tmp_path, max_iter=1, solver_mode="GPU", **FAST)
+    try:
+        caffe.set_mode_gpu()
+        solver = caffe.SGDSolver(path)
+        assert device.note_solver_mode("GPU", print) is None
+        for run in (lambda: solver.step(1), solver.solve):
+            with pytest.raises(CaffeError, match=r"in GPU mode .*\[cuda13\]'` .*\[cuda12\]'`"):
+                run()
+        assert solver.iter == 0
+    finally:
+        caffe.set_mode_cpu()
+    solver.step(1)
+    assert solver.iter == 1

@@ -1,6 +1,8 @@
 """layers.cudnn on the CPU: descriptor arithmetic, algorithm choice and caching, the engine
 decision helper and the library loader."""
 import ctypes
+import importlib
+import sys
 import weakref
 from types import SimpleNamespace
 
@@ -128,6 +130,23 @@ def test_wheel_folders_are_found_cudnn_first(tmp_path):
     assert cudnn.wheel_library_dirs([str(tmp_path)]) == [str(tmp_path / "cudnn" / "lib"),
                                                           str(tmp_path / "cu13" / "lib")]
     assert cudnn.wheel_library_dirs([str(tmp_path / "cublas")]) == []
+
+
+def test_the_cudnn_wheel_is_found_on_the_import_path_behind_a_regular_nvidia_package(
+        tmp_path, monkeypatch):
+    """The layout of nvidia-cudnn-cu12 and -cu13 (nvidia/cudnn/lib/libcudnn.so.9) in one
+    site folder is found with no argument, also when an earlier site folder holds an older
+    NVIDIA wheel whose nvidia/__init__.py makes ``nvidia`` a regular package there."""
+    older, site = tmp_path / "user_site", tmp_path / "site"
+    (older / "nvidia" / "cublas" / "lib").mkdir(parents=True)
+    (older / "nvidia" / "__init__.py").write_text("")
+    (site / "nvidia" / "cudnn" / "lib").mkdir(parents=True)
+    (site / "nvidia" / "cudnn" / "lib" / "libcudnn.so.9").write_bytes(b"")
+    monkeypatch.delitem(sys.modules, "nvidia", raising=False)
+    monkeypatch.setattr(sys, "path", [str(older), str(site)] + sys.path)
+    importlib.invalidate_caches()
+    assert str(site / "nvidia") in cudnn.nvidia_roots()
+    assert str(site / "nvidia" / "cudnn" / "lib") in cudnn.wheel_library_dirs()
 
 
 def test_loader_names_a_missing_explicit_path(tmp_path):
