@@ -15,7 +15,7 @@ reasons. The layers that run on it: ``layers.cudnn_conv``, ``layers.cudnn_poolin
 Nothing here synchronises with the host per call: descriptors and the algorithm of each
 (shape, dtype, geometry, TF32 setting, device) are made once and cached; workspaces come from
 CuPy's memory pool (stream-ordered, so freeing one right after the launch is safe); the cuDNN
-handle (one per thread and device) is bound to CuPy's current stream before every launch.
+handle (one per thread and device) follows CuPy's current stream, rebound only when it changes.
 
 Environment: ``CAFFE8_CUDNN_LIBRARY`` (path of libcudnn.so.9, overriding the search),
 ``CAFFE8_CUDNN_ALGO`` (``heuristic``, the default, as Caffe's cuDNN layer; or ``find`` to time
@@ -403,19 +403,32 @@ class AlgorithmCache:
 _handles = threading.local()
 
 
+class _BoundHandle:
+    """A cuDNN handle and the stream it was last bound to (None before the first binding)."""
+
+    __slots__ = ("ptr", "stream")
+
+    def __init__(self):
+        self.ptr, self.stream = ctypes.c_void_p(), None
+        call("cudnnCreate", ctypes.byref(self.ptr))
+
+
 def handle():
-    """This thread's cuDNN handle for CuPy's current device, bound to CuPy's current stream."""
+    """This thread's cuDNN handle for CuPy's current device, bound to CuPy's current stream.
+    ``cudnnSetStream`` runs only when that stream differs from the handle's last one: issued
+    before every call, it was half of GoogLeNet's 608 cuDNN calls per iteration (issue 30)."""
     per_device = getattr(_handles, "by_device", None)
     if per_device is None:
         per_device = _handles.by_device = {}
     device = backend.cuda_device_id()
-    h = per_device.get(device)
-    if h is None:
-        h = ctypes.c_void_p()
-        call("cudnnCreate", ctypes.byref(h))
-        per_device[device] = h
-    call("cudnnSetStream", h, ctypes.c_void_p(backend.cuda_stream_ptr()))
-    return h
+    bound = per_device.get(device)
+    if bound is None:
+        bound = per_device[device] = _BoundHandle()
+    stream = backend.cuda_stream_ptr()
+    if stream != bound.stream:
+        call("cudnnSetStream", bound.ptr, ctypes.c_void_p(stream))
+        bound.stream = stream
+    return bound.ptr
 
 
 def _ints(values):

@@ -12,6 +12,7 @@ import pytest
 from caffe8.engine import backend
 from caffe8.layers import cudnn
 from tests.layers.fake_cudnn import fake_cudnn  # noqa: F401  (fixture)
+from tests.layers.spatial_helpers import build, forward, set_params
 
 
 def caffe_out(size, k, p, s, d):
@@ -233,3 +234,65 @@ def test_engine_for_falls_back_when_cudnn_cannot_start(fake_cudnn, monkeypatch):
                               lambda on_device: ("CUDNN", None))
     assert engine == "CAFFE"
     assert len(notes) == 1 and "could not start" in notes[0] and "4000" in notes[0]
+
+
+# --- the handle's stream ----------------------------------------------------------------------
+def _cudnn_layers():
+    """A CUDNN convolution, AVE pooling and LRN, each with its input (float64)."""
+    rng = numpy.random.default_rng(3)
+    texts = ['name: "c" type: "Convolution" convolution_param { num_output: 4 kernel_size: 3 '
+             'engine: CUDNN }',
+             'name: "p" type: "Pooling" pooling_param { pool: AVE kernel_size: 3 stride: 2 '
+             'engine: CUDNN }',
+             'name: "n" type: "LRN" lrn_param { local_size: 3 engine: CUDNN }']
+    layers = []
+    for text in texts:
+        layer, bottom, top = build(text, [rng.standard_normal((2, 4, 9, 9))])
+        set_params(layer, seed=1)
+        layers.append((layer, bottom, top))
+    return layers
+
+
+def _run(layers):
+    for layer, bottom, top in layers:
+        forward(layer, bottom, top)
+        top[0].diff[...] = 1.0
+        layer.backward(top, [True], bottom)
+
+
+def test_the_handle_is_bound_once_per_stream_change_not_per_call(fake_cudnn, monkeypatch):
+    """cudnnSetStream runs when CuPy's current stream differs from the handle's last one: once
+    for a whole run on one stream, once at each change, again on going back; a second thread
+    has its own handle, bound once."""
+    import threading
+    layers = _cudnn_layers()
+    _run(layers)
+    _run(layers)
+    launches = len(fake_cudnn.launches)
+    assert launches >= 12 and set(fake_cudnn.launches) >= {
+        "forward", "backward_data", "pool_forward", "pool_backward", "lrn_forward",
+        "lrn_backward"}
+    assert fake_cudnn.streams == [4242]
+    monkeypatch.setattr(backend, "cuda_stream_ptr", lambda: 5151)
+    _run(layers)
+    assert fake_cudnn.streams == [4242, 5151]
+    monkeypatch.setattr(backend, "cuda_stream_ptr", lambda: 4242)
+    _run(layers)
+    _run(layers)
+    assert fake_cudnn.streams == [4242, 5151, 4242]
+    worker = threading.Thread(target=lambda: (cudnn.handle(), cudnn.handle()))
+    worker.start()
+    worker.join()
+    assert fake_cudnn.streams == [4242, 5151, 4242, 4242]
+    assert len(fake_cudnn.launches) == 5 * launches // 2   # five runs, one binding each
+
+
+def test_a_failed_binding_is_retried_on_the_next_call(fake_cudnn, monkeypatch):
+    statuses = iter([4000, 0])                      # CUDNN_STATUS_INTERNAL_ERROR, then success
+    bind = fake_cudnn.cudnnSetStream
+    monkeypatch.setattr(fake_cudnn, "cudnnSetStream", lambda h, s: bind(h, s) or next(statuses))
+    with pytest.raises(cudnn.CudnnError, match="cudnnSetStream"):
+        cudnn.handle()
+    cudnn.handle()
+    cudnn.handle()
+    assert fake_cudnn.streams == [4242, 4242]
