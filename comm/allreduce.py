@@ -32,6 +32,7 @@ Registry: ``create_transport(name, comm, processes_per_node=0, waiter=BLOCKING)`
 ``TRANSPORTS``, each with ``reduction`` "sum" or "gather".
 """
 import os
+from types import SimpleNamespace
 
 import numpy
 
@@ -118,6 +119,15 @@ def _ordered_chain(terms, r, wire, start):
         else:
             wire.local_sum(terms[j], acc)
     return own
+
+
+def ordered_sum(terms, local_sum):
+    """((x0 + x1) + x2) + ... of the blocks ``terms`` (rank order, all held by the caller) into
+    ``terms[0]``, which is returned: the summation order of every explicit schedule
+    (:func:`_ordered_chain` as rank 0 runs it), for a transport that hands one process every
+    block, such as caffe8.ddp's all-to-all. ``local_sum(src, dst)``: dst <- src + dst, in place
+    (``comm.ops.local_sum``)."""
+    return _ordered_chain(list(terms), 0, SimpleNamespace(local_sum=local_sum), start=None)
 
 
 def allgather_in_place(comm, buf, wire, waiter=BLOCKING):

@@ -115,6 +115,18 @@ def half_sum_op():
     return _user_op("half", _half_op_function)
 
 
+def local_sum(name, rounding="nearest"):
+    """``WireOp.local_sum`` of wire format ``name`` ("fp8", "fp16" or "fp32"), without creating
+    any MPI object: for a caller whose own transport moves the bytes (caffe8.ddp's all-to-all).
+    ``rounding`` as in :func:`wire_op`."""
+    if name == "fp8":
+        return fp8_oyama_local_sum if rounding == "oyama" else fp8_local_sum
+    sums = {"fp16": half_local_sum, "fp32": float_local_sum}
+    if name not in sums:
+        raise ValueError(f"Unrecognized wire format: {name!r}, valid: fp8, fp16, fp32")
+    return sums[name]
+
+
 def wire_op(name, rounding="nearest"):
     """The :class:`WireOp` for "fp8", "fp16" or "fp32" (MPI objects created on first use).
 
@@ -128,16 +140,16 @@ def wire_op(name, rounding="nearest"):
     MPI = mpi_module()
     if oyama:
         w = WireOp("fp8", numpy.dtype(numpy.uint8), ITEM_BYTES, item_datatype(),
-                   fp8_oyama_sum_op(), fp8_oyama_local_sum)
+                   fp8_oyama_sum_op(), local_sum(name, rounding))
     elif name == "fp8":
         w = WireOp("fp8", numpy.dtype(numpy.uint8), ITEM_BYTES, item_datatype(), fp8_sum_op(),
-                   fp8_local_sum)
+                   local_sum(name, rounding))
     elif name == "fp16":
         w = WireOp("fp16", numpy.dtype(numpy.uint16), ITEM_BYTES // 2, item_datatype(),
-                   half_sum_op(), half_local_sum)
+                   half_sum_op(), local_sum(name))
     elif name == "fp32":
         w = WireOp("fp32", numpy.dtype(numpy.float32), 1, MPI.FLOAT if MPI else None,
-                   MPI.SUM if MPI else None, float_local_sum)
+                   MPI.SUM if MPI else None, local_sum(name))
     else:
         raise ValueError(f"Unrecognized wire format: {name!r}, valid: fp8, fp16, fp32")
     _cache[key] = w

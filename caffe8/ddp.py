@@ -1,0 +1,420 @@
+"""caffe8's fp8 gradient exchange as a PyTorch DDP communication hook.
+
+Oyama, Nomura, Sato and Matsuoka, *Reducing communication in data-parallel deep learning with
+floating-point numbers smaller than single precision*: each tensor's ratio D = ∇W / (|W| + ε) is
+scaled by 57344 / q (q: a sampled Q-quantile of |D|, the MAX over ranks) and sent as fp8, the upper
+byte of an IEEE half; the fp8 pieces are summed in a fixed rank order, node by node when nodes are
+given. Two lines put it into a DistributedDataParallel script::
+
+    state = caffe8.ddp.Fp8State()
+    model.register_comm_hook(state, caffe8.ddp.fp8_hook)
+
+Every step is caffe8's own: the fp8 codec (``comm.codecs``: the ratio, the quantile tracker and
+its sample positions, the fused encode and decode kernels, the ×1/nodes between the two levels),
+the fp8 sum kernel (``comm.ops.local_sum``) and the summation order of caffe8's explicit schedules
+(``comm.allreduce.ordered_sum``). Only the transport is PyTorch's: per bucket, an all-to-all
+(``all_to_all_single``) gives rank r piece r of every rank's fp8 buffer, rank r adds them in
+ascending rank order, and an all-gather hands the sums to everyone — a reduce-scatter and
+all-gather, as caffe8's ``rsag``; with ``processes_per_node`` the two-level form of its
+``hierarchical`` sum (inside each node first, then one piece per node across nodes). So the
+gradients DDP receives are bit for bit those of caffe8's exchange (``comm: { codec: "fp8" }``)
+for the same gradients and weights, and the same on every rank by construction.
+
+Tensors with fewer than ``min_elements`` elements and those named in ``exclude`` travel as float32
+(caffe8's fp32 codec: summed in the same rank order, divided by P after), in a buffer of their own.
+
+CPU tensors are handed to the kernels as NumPy views of the bucket, the weights and the wire
+buffers (no copies); CUDA tensors as CuPy arrays through DLPack (caffe8's fused CUDA kernels) on
+a stream of the hook's own that waits for the gradients. The hook returns at once: a thread of the
+state encodes, exchanges and decodes the buckets in the order DDP hands them over (the same on
+every rank), on communicators of its own (``torch.distributed.new_group``), so that its
+collectives never interleave with DDP's; DDP waits for the futures before the optimizer runs.
+Works with any process group that has all-to-all and all-gather (gloo, NCCL, MPI), with
+``no_sync`` (gradients accumulated over the skipped steps are exchanged at the next synchronised
+one) and ``static_graph``.
+
+torch is optional for caffe8: ``import caffe8`` never imports it, and without it this module
+raises one ImportError that says how to install it.
+"""
+import contextlib
+import queue
+import threading
+
+import numpy
+
+try:
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+except ImportError:                                  # one line, not a traceback into torch
+    raise ImportError("caffe8.ddp needs PyTorch, which is not installed here: "
+                      "pip install 'caffe8[torch]' (or pip install torch)") from None
+
+from caffe8.comm import fp8
+from caffe8.comm import config as _config            # noqa: F401  (comm's choices in the schema)
+from caffe8.comm.allreduce import ordered_sum
+from caffe8.comm.codecs import Tensor, create_codec
+from caffe8.comm.ops import ITEM_BYTES, local_sum, padded_length
+from caffe8.engine import backend
+from caffe8.engine.errors import CaffeError
+from caffe8.engine.message import Message
+from caffe8.engine.validate import validate
+
+__all__ = ["Fp8State", "fp8_hook"]
+
+#: Fp8State's arguments that are fields of caffe8's comm block (engine/proto/caffe.proto holds
+#: their defaults and allowed ranges); ``None`` takes the block's default
+_COMM_FIELDS = ("quantile", "epsilon", "samples", "quantile_interval", "rounding")
+_all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
+
+def _comm_block(values):
+    """The comm block of the fp8 codec with ``values`` set (checked against the schema, errors
+    naming ``Fp8State.<argument>``)."""
+    comm = Message("CommParameter", "caffe8.ddp.Fp8State")
+    comm.codec, comm.relative = "fp8", True
+    for name, value in values.items():
+        if value is not None:
+            setattr(comm, name, value)
+    try:
+        return validate(comm, "Fp8State")
+    except CaffeError as e:                      # "Fp8State.quantile: ... allowed range ..."
+        raise ValueError(f"caffe8.ddp.{e}") from None
+
+
+class Fp8State:
+    """The state of :func:`fp8_hook`: settings, the fp8 codec's per-tensor scales, the hook's
+    communicators and its thread.
+
+    ``process_group``: the group DDP reduces over (default: every process). ``quantile``,
+    ``epsilon``, ``samples``, ``quantile_interval``, ``rounding``: the fp8 codec's settings, named
+    and defaulted as the fields of caffe8's ``comm`` block (0.95, 1e-5, 1024 samples, a new q
+    every 100 iterations, ``"nearest"``). ``processes_per_node``: None sums over all ranks at once
+    (caffe8's ``rsag``); an integer P' makes nodes of P' consecutive ranks and sums in two levels
+    (caffe8's ``hierarchical``), e.g. ``int(os.environ["LOCAL_WORLD_SIZE"])`` under torchrun.
+    ``min_elements``: tensors with fewer elements travel as float32. ``exclude``: parameters
+    (tensors) or parameter names (with ``module``) that travel as float32.
+
+    ``module``: the model (the DDP wrapper or the module it wraps), needed to name parameters in
+    ``exclude``; it also numbers the parameters as caffe8 numbers a net's (their offsets in the
+    model's parameter order), so that a net built the same way in caffe8 draws the same quantile
+    samples. Without it parameters are numbered in the order the hook first meets them, which is
+    the same on every rank.
+
+    Construct it on every process of the job at the same point (it creates the hook's own
+    communicators, a collective call), after ``init_process_group``.
+    """
+
+    def __init__(self, process_group=None, quantile=None, epsilon=None, samples=None,
+                 processes_per_node=None, rounding=None, min_elements=0, exclude=(),
+                 quantile_interval=None, module=None):
+        if not (dist.is_available() and dist.is_initialized()):
+            raise RuntimeError("caffe8.ddp.Fp8State: torch.distributed is not initialised; call "
+                               "torch.distributed.init_process_group first")
+        self.comm = _comm_block(dict(zip(_COMM_FIELDS, (quantile, epsilon, samples,
+                                                        quantile_interval, rounding))))
+        if isinstance(min_elements, bool) or not isinstance(min_elements, int) or \
+                min_elements < 0:
+            raise ValueError(f"caffe8.ddp.Fp8State: min_elements must be an integer >= 0, got "
+                             f"{min_elements!r}")
+        self.min_elements = min_elements
+        group = process_group if process_group is not None else dist.group.WORLD
+        self.ranks = sorted(dist.get_process_group_ranks(group))
+        self.size = len(self.ranks)
+        self.rank = dist.get_rank(group)
+        self.backend = dist.get_backend(group)
+        self.nodes, self.local = self._node_layout(processes_per_node)
+        # the hook's own communicators: its collectives never meet DDP's on one group
+        self.group = dist.new_group(self.ranks, backend=self.backend)
+        self.intra = self.inter = None
+        if processes_per_node is not None:
+            self.intra, _ = dist.new_subgroups_by_enumeration(
+                [self.ranks[n * self.local:(n + 1) * self.local] for n in range(self.nodes)],
+                backend=self.backend)
+            self.inter, _ = dist.new_subgroups_by_enumeration(
+                [self.ranks[i::self.local] for i in range(self.local)], backend=self.backend)
+        #: (addends before the ×1/nodes, after): caffe8's ``Transport.stages``
+        self.stages = (self.local, self.nodes) if processes_per_node is not None else \
+            (self.size, 1)
+        self.codecs = {"fp8": create_codec("fp8", self.comm, self.rank),
+                       "fp32": create_codec("fp32", self.comm, self.rank)}
+        self.iteration = 0
+        self._keys, self._held, self._next = {}, [], 0
+        names = self._number(module)
+        self._float32 = self._excluded(exclude, names)
+        self._buffers = {}
+        self._queue = None
+        self._thread = None
+        self._failed = None
+
+    def _node_layout(self, ppn):
+        """(nodes, processes per node) for ``processes_per_node``."""
+        if ppn is None:
+            return 1, self.size
+        if isinstance(ppn, bool) or not isinstance(ppn, int) or ppn < 1 or self.size % ppn:
+            raise ValueError(f"caffe8.ddp.Fp8State: processes_per_node={ppn!r} does not divide "
+                             f"the group's {self.size} processes into equal nodes")
+        return self.size // ppn, ppn
+
+    def _number(self, module):
+        """Number ``module``'s parameters in its order (caffe8's flat-buffer offsets); returns
+        {name: parameter}."""
+        if module is None:
+            return None
+        inner = module.module if isinstance(module, DistributedDataParallel) else module
+        names = dict(inner.named_parameters())
+        for p in names.values():
+            self._key(p)
+        return names
+
+    def _excluded(self, exclude, names):
+        """ids of the parameters that travel as float32 by name or by identity."""
+        if isinstance(exclude, (str, torch.Tensor)):
+            exclude = [exclude]
+        out = set()
+        for item in exclude:
+            if isinstance(item, torch.Tensor):
+                out.add(id(item))
+                continue
+            if not isinstance(item, str):
+                raise TypeError(f"caffe8.ddp.Fp8State: exclude takes parameter names or "
+                                f"tensors, got {type(item).__name__}")
+            if names is None:
+                raise ValueError(f"caffe8.ddp.Fp8State: exclude names {item!r}: naming "
+                                 f"parameters needs module= (the model)")
+            key = item[len("module."):] if item not in names and \
+                item.startswith("module.") else item
+            if key not in names:
+                raise ValueError(f"caffe8.ddp.Fp8State: exclude: the model has no parameter "
+                                 f"{item!r}; it has {', '.join(list(names)[:8])}"
+                                 f"{', ...' if len(names) > 8 else ''}")
+            out.add(id(names[key]))
+        return out
+
+    def _key(self, p):
+        """The tensor's key (caffe8's (start, stop) in a flat parameter buffer), made on first
+        sight."""
+        key = self._keys.get(id(p))
+        if key is None:
+            key = self._keys[id(p)] = (self._next, self._next + p.numel())
+            self._next += p.numel()
+            self._held.append(p)                # its id stays its own while we hold it
+        return key
+
+    def _kind(self, p):
+        return "fp32" if id(p) in self._float32 or p.numel() < self.min_elements else "fp8"
+
+    # --- the hook's side (DDP's thread) ---------------------------------------------------
+    def submit(self, bucket):
+        """Queue ``bucket`` for the exchange; returns the future of its mean gradient."""
+        buf = bucket.buffer()
+        if buf.dtype != torch.float32:
+            raise TypeError(f"caffe8.ddp.fp8_hook: the bucket holds {buf.dtype} gradients; the "
+                            f"fp8 exchange takes float32 (keep the model's parameters float32)")
+        base = buf.data_ptr()
+        tensors = [(self._key(p), p, (g.data_ptr() - base) // 4, g.numel(), self._kind(p))
+                   for p, g in zip(bucket.parameters(), bucket.gradients()) if g.numel()]
+        iteration = self.iteration
+        if bucket.is_last():
+            self.iteration += 1
+        future = torch.futures.Future(devices=[buf.device] if buf.is_cuda else None)
+        if self.size == 1:                       # nothing to exchange: the gradients are exact
+            future.set_result(buf)
+            return future
+        event = None
+        if buf.is_cuda:
+            event = torch.cuda.Event()
+            event.record(torch.cuda.current_stream(buf.device))
+        if self._thread is None:
+            self._queue = queue.Queue()
+            self._thread = threading.Thread(target=self._serve, name="caffe8-ddp", daemon=True)
+            self._thread.start()
+        self._queue.put((bucket.index(), buf, tensors, iteration, event, future))
+        return future
+
+    def close(self):
+        """End the hook's thread (after the buckets already queued)."""
+        if self._thread is not None:
+            self._queue.put(None)
+            self._thread.join()
+            self._thread = None
+
+    # --- the exchange (the state's thread) --------------------------------------------------
+    def _serve(self):
+        device = None
+        while True:
+            job = self._queue.get()
+            if job is None:
+                return
+            index, buf, tensors, iteration, event, future = job
+            if self._failed is not None:
+                future.set_exception(RuntimeError(f"caffe8.ddp: an earlier bucket's exchange "
+                                                  f"failed: {self._failed}"))
+                continue
+            try:
+                if buf.is_cuda:
+                    device = device or _Cuda(buf.device)
+                    with device.on(event):
+                        future.set_result(self._exchange(device, index, buf, tensors, iteration))
+                else:
+                    future.set_result(self._exchange(_HOST, index, buf, tensors, iteration))
+            except BaseException as exc:        # surfaces in DDP's backward on this rank
+                self._failed = f"{type(exc).__name__}: {exc}"
+                future.set_exception(exc)
+
+    def _exchange(self, device, index, buf, tensors, iteration):
+        """The mean over the group of one bucket's gradients, decoded into ``buf``."""
+        grads = device.array(buf)
+        for kind in ("fp8", "fp32"):
+            mine = [t for t in tensors if t[4] == kind]
+            if not mine:
+                continue
+            codec = self.codecs[kind]
+            wire = self._wire(index, kind, sum(n for _, _, _, n, _ in mine), buf.device)
+            codes = device.array(wire)
+            trips, at = [], 0
+            for key, p, start, n, _ in mine:
+                t = Tensor(key, device.array(p.detach()).reshape(-1), iteration, self.size,
+                           self.stages, codes[at:at + n])
+                trips.append((t, grads[start:start + n]))
+                at += n
+            self._agree(codec, trips, buf.device)
+            contexts = [codec.encode(g, t)[1] for t, g in trips]
+            self._sum(device, wire, kind, codec, contexts[0])
+            for (t, g), ctx in zip(trips, contexts):
+                codec.decode(t.out, ctx, g)
+        return buf
+
+    def _wire(self, index, kind, n, dev):
+        """Bucket ``index``'s zero-padded wire buffer of ``kind``, kept from one iteration to the
+        next (each encode writes only its tensors' spans; the padding stays zero)."""
+        dtype, unit = (torch.uint8, ITEM_BYTES) if kind == "fp8" else (torch.float32, 1)
+        length = padded_length(n, unit, self.size)
+        wire = self._buffers.get((index, kind))
+        if wire is None or wire.numel() != length or wire.device != dev:
+            wire = self._buffers[(index, kind)] = torch.zeros(length, dtype=dtype, device=dev)
+        return wire
+
+    def _agree(self, codec, trips, dev):
+        """The codec's statistic of the tensors due for a new scale, MAX over the group in one
+        all-reduce (caffe8 agrees per tensor: the same maxima)."""
+        due = [(t, codec.device_stat(g, t)) for t, g in trips]
+        due = [(t, codec.host_stat(stat)) for t, stat in due if stat is not None]
+        if not due:
+            return
+        values = torch.tensor([v for _, v in due], dtype=torch.float64, device=dev)
+        dist.all_reduce(values, op=dist.ReduceOp.MAX, group=self.group)
+        for (t, _), value in zip(due, values.tolist()):
+            codec.agree(t, value)
+
+    def _sum(self, device, wire, kind, codec, ctx):
+        """Sum ``wire`` over the group in place, as caffe8's rsag (flat) or hierarchical sum."""
+        add = device.local_sum(kind, codec.rounding if kind == "fp8" else "nearest")
+        if self.intra is None:
+            _all_gather(wire, self._reduce_scatter(device, wire, self.group, add, "flat"),
+                        group=self.group)
+            return
+        piece = self._reduce_scatter(device, wire, self.intra, add, "intra")
+        if self.nodes > 1:
+            if codec.between_stages is not None:
+                device.between(codec, piece, ctx)
+            _all_gather(piece, self._reduce_scatter(device, piece, self.inter, add, "inter"),
+                        group=self.inter)
+        if self.local > 1:
+            _all_gather(wire, piece, group=self.intra)
+
+    def _reduce_scatter(self, device, buf, group, add, level):
+        """This rank's block of the sum of every rank's ``buf`` over ``group``: one all-to-all,
+        then the blocks added in ascending rank order. Returns the sum (in a scratch buffer),
+        or ``buf`` itself on a group of one."""
+        size = dist.get_world_size(group)
+        if size == 1:
+            return buf
+        recv = self._buffers.get((level, buf.dtype))
+        if recv is None or recv.numel() < buf.numel() or recv.device != buf.device:
+            recv = self._buffers[(level, buf.dtype)] = torch.empty_like(buf)
+        recv = recv[:buf.numel()]
+        dist.all_to_all_single(recv, buf, group=group)
+        return device.ordered_sum(recv.view(size, -1), add)
+
+
+class _Host:
+    """CPU tensors as NumPy views (no copies), summed by caffe8's C kernels."""
+
+    @staticmethod
+    def array(t):
+        return t.numpy()
+
+    @staticmethod
+    def local_sum(kind, rounding):
+        return local_sum(kind, rounding)
+
+    @staticmethod
+    def ordered_sum(rows, add):
+        ordered_sum([row.numpy() for row in rows], add)
+        return rows[0]
+
+    @staticmethod
+    def between(codec, piece, ctx):
+        codec.between_stages(piece.numpy(), ctx)
+
+
+_HOST = _Host()
+
+
+class _Cuda:
+    """CUDA tensors as CuPy arrays through DLPack (caffe8's fused CUDA kernels), on a stream of
+    the hook's own that starts after the bucket's gradients are ready."""
+
+    def __init__(self, dev):
+        self.dev = dev
+        self.cupy = backend.cupy
+        if self.cupy is None:
+            raise ImportError("caffe8.ddp: CUDA gradients need CuPy (pip install "
+                              "'caffe8[cuda12]' or 'caffe8[cuda13]')")
+        self.stream = torch.cuda.Stream(dev)
+
+    @contextlib.contextmanager
+    def on(self, event):
+        """Torch and CuPy on the hook's stream of this device, after ``event``."""
+        with torch.cuda.device(self.dev), torch.cuda.stream(self.stream), \
+                self.cupy.cuda.Device(self.dev.index), \
+                self.cupy.cuda.ExternalStream(self.stream.cuda_stream):
+            self.stream.wait_event(event)
+            yield
+
+    def array(self, t):
+        return self.cupy.from_dlpack(t)
+
+    def local_sum(self, kind, rounding):
+        if kind == "fp8":
+            sum_rounding = "oyama" if rounding == "oyama" else "nearest"
+
+            def add(src, dst):
+                into = self.cupy.from_dlpack(dst)
+                into[...] = fp8.add(self.cupy.from_dlpack(src), into, sum_rounding)
+            return add
+        # float32 through torch: IEEE sums with subnormals, as the host's (CuPy flushes them)
+        return lambda src, dst: dst.add_(src)
+
+    @staticmethod
+    def ordered_sum(rows, add):
+        ordered_sum(list(rows), add)
+        return rows[0]
+
+    @staticmethod
+    def between(codec, piece, ctx):
+        """×1/nodes through the codec's host table: one small round trip of the node's piece."""
+        host = piece.cpu().numpy()
+        codec.between_stages(host, ctx)
+        piece.copy_(torch.from_numpy(host))
+
+
+def fp8_hook(state, bucket):
+    """DDP communication hook: the mean of ``bucket``'s gradients over ``state``'s process group
+    by caffe8's fp8 exchange (module docstring). Register with
+    ``model.register_comm_hook(state, fp8_hook)``; ``state`` is an :class:`Fp8State`."""
+    if not isinstance(state, Fp8State):
+        raise TypeError(f"caffe8.ddp.fp8_hook: the state must be a caffe8.ddp.Fp8State, got "
+                        f"{type(state).__name__}")
+    return state.submit(bucket)

@@ -1,0 +1,223 @@
+"""Rank program: caffe8.ddp's hook against caffe8's own exchange, in the same processes.
+
+Usage: mpiexec -n P python ddp_ranks.py CASE[,CASE...]   (P = 2 or 4)
+
+Each rank joins MPI (caffe8's Exchange) and a gloo group (DDP) over the same P processes. For
+the same weights and per-rank gradients (the model's loss is sum(w * g), so its gradient is g
+bit for bit) the gradients DDP ends with after ``fp8_hook`` must be the bytes of caffe8's
+``Exchange`` on a net of the same tensors. Cases:
+
+flat       fp8 over all ranks (caffe8's rsag), 3 iterations, a new scale every 2
+twolevel   nodes of P/2 ranks (caffe8's hierarchical sum with processes_per_node)
+nosync     two backward passes under no_sync, then one synchronised: the accumulated sum
+exclude    named and small tensors in float32 (caffe8's fp32 codec), the rest in fp8
+train      a DDP training run (static_graph) whose ranks end with bit-identical weights
+
+Prints ``CASE: OK`` on rank 0 per case; any failed check aborts the job (non-zero exit).
+"""
+import hashlib
+import os
+import socket
+import sys
+from types import SimpleNamespace
+
+import numpy
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))
+
+from caffe8.comm.mpi import get_world, install_excepthook  # noqa: E402
+
+world = get_world()
+install_excepthook(world)
+P, rank = world.size, world.rank
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
+
+from caffe8 import ddp  # noqa: E402
+from caffe8.comm.config import parse_comm  # noqa: E402
+from caffe8.comm.exchange import Exchange  # noqa: E402
+
+torch.set_num_threads(1)
+if rank == 0:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+else:
+    port = None
+port = world.comm.bcast(port)
+dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=P)
+
+# sizes above the 1024 samples (sampled quantile), odd ones (padding), and small ones
+SIZES = ((48, 47), (37,), (70, 80), (3,), (5, 9))
+
+
+def tensors(step, scale=1.0, of=None):
+    """Weights shared by every rank (|W| in 0.01..2) and the gradients of ``step`` of rank
+    ``of`` (default this one)."""
+    w_rng = numpy.random.default_rng(5)
+    g_rng = numpy.random.default_rng([11, rank if of is None else of, step])
+    weights = [(w_rng.uniform(0.01, 2.0, s) * w_rng.choice([-1, 1], s)).astype(numpy.float32)
+               for s in SIZES]
+    grads = [(g_rng.standard_normal(s) * scale * 10.0 ** g_rng.integers(-3, 2, s))
+             .astype(numpy.float32) for s in SIZES]
+    return weights, grads
+
+
+class Linear(torch.nn.Module):
+    """Parameters t0, t1, ... holding the weights; loss sum(t_i * g_i): the gradient is g."""
+
+    def __init__(self, weights):
+        super().__init__()
+        for i, w in enumerate(weights):
+            setattr(self, f"t{i}", torch.nn.Parameter(torch.from_numpy(w.copy())))
+
+    def forward(self, grads):
+        return sum((getattr(self, f"t{i}") * g).sum() for i, g in enumerate(grads))
+
+
+def ddp_model(weights, **kw):
+    # a small bucket cap: several buckets per iteration, rebuilt after the first
+    return DDP(Linear(weights), bucket_cap_mb=0.01, **kw)
+
+
+def caffe8_mean(comm_text, weights, grads_per_step):
+    """caffe8's Exchange over the world: the mean gradient of each step, one tensor per layer."""
+    bounds = numpy.cumsum([0] + [int(numpy.prod(s)) for s in SIZES])
+    slices = [slice(int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:])]
+    net = SimpleNamespace(flat_data=numpy.concatenate([w.ravel() for w in weights]),
+                          flat_diff=numpy.zeros(bounds[-1], numpy.float32),
+                          layer_param_slices={i: [(i, sl)] for i, sl in enumerate(slices)},
+                          layers=[SimpleNamespace(name=f"t{i}") for i in range(len(SIZES))])
+    ex = Exchange(world, parse_comm(comm_text + ' async: false'), net)
+    out = []
+    for grads in grads_per_step:
+        net.flat_diff[...] = numpy.concatenate([g.ravel() for g in grads])
+        ex.on_start()
+        for i in sorted(net.layer_param_slices, reverse=True):
+            ex.on_backward(i)
+        ex.on_gradients_ready()
+        out.append(net.flat_diff.copy())
+    ex.close()
+    return out
+
+
+def hook_mean(model, state, grads_per_step):
+    """The gradients DDP ends with after each step's backward, flat in parameter order."""
+    model.register_comm_hook(state, ddp.fp8_hook)
+    out = []
+    for grads in grads_per_step:
+        model.zero_grad(set_to_none=False)
+        model([torch.from_numpy(g) for g in grads]).backward()
+        out.append(numpy.concatenate([p.grad.numpy().ravel() for p in model.parameters()]))
+    return out
+
+
+def same(a, b, what):
+    assert len(a) == len(b)
+    for step, (x, y) in enumerate(zip(a, b)):
+        if not numpy.array_equal(x.view(numpy.uint32), y.view(numpy.uint32)):
+            bad = numpy.flatnonzero(x.view(numpy.uint32) != y.view(numpy.uint32))
+            raise AssertionError(f"{what}, step {step}: {bad.size} elements differ, first at "
+                                 f"{bad[0]}: hook {x[bad[0]]!r}, caffe8 {y[bad[0]]!r}")
+
+
+def case_flat():
+    weights = tensors(0)[0]
+    steps = [tensors(s)[1] for s in range(3)]
+    ref = caffe8_mean('codec: "fp8" hierarchical: false quantile_interval: 2', weights, steps)
+    model = ddp_model(weights)
+    got = hook_mean(model, ddp.Fp8State(module=model, quantile_interval=2), steps)
+    same(got, ref, "flat")
+    # lossy, but the mean: most elements near the float32 mean (fp8 keeps 2 mantissa bits;
+    # ratios far above the quantile saturate)
+    exact = numpy.mean([numpy.concatenate([g.ravel() for g in tensors(0, of=r)[1]])
+                        for r in range(P)], axis=0)
+    rel = numpy.abs(got[0] - exact) / numpy.abs(exact)
+    assert not numpy.array_equal(got[0], exact)
+    assert numpy.median(rel) < 0.2
+
+
+def case_twolevel():
+    ppn = P // 2
+    weights = tensors(0)[0]
+    steps = [tensors(s, scale=3.0)[1] for s in range(3)]
+    ref = caffe8_mean(f'codec: "fp8" hierarchical: true processes_per_node: {ppn} '
+                      f'quantile_interval: 2', weights, steps)
+    flat = caffe8_mean('codec: "fp8" hierarchical: false quantile_interval: 2', weights, steps)
+    model = ddp_model(weights)
+    got = hook_mean(model, ddp.Fp8State(module=model, quantile_interval=2,
+                                        processes_per_node=ppn), steps)
+    same(got, ref, f"two-level, {ppn} per node")
+    if ppn > 1:      # the ×1/nodes between the levels rounds: not the flat sum's bits
+        assert any(not numpy.array_equal(a, b) for a, b in zip(ref, flat))
+
+
+def case_nosync():
+    weights = tensors(0)[0]
+    micro = [tensors(s)[1] for s in range(3)]
+    total = [(a + b) + c for a, b, c in zip(*micro)]        # autograd's accumulation order
+    ref = caffe8_mean('codec: "fp8" hierarchical: false', weights, [total])
+    model = ddp_model(weights)
+    model.register_comm_hook(ddp.Fp8State(module=model), ddp.fp8_hook)
+    model.zero_grad()
+    with model.no_sync():
+        for grads in micro[:2]:
+            model([torch.from_numpy(g) for g in grads]).backward()
+    model([torch.from_numpy(g) for g in micro[2]]).backward()
+    same([numpy.concatenate([p.grad.numpy().ravel() for p in model.parameters()])], ref,
+         "no_sync accumulation")
+
+
+def case_exclude():
+    weights = tensors(0)[0]
+    steps = [tensors(s)[1] for s in range(2)]
+    fp8 = caffe8_mean('codec: "fp8" hierarchical: false', weights, steps)
+    fp32 = caffe8_mean('codec: "fp32" hierarchical: false', weights, steps)
+    model = ddp_model(weights)
+    state = ddp.Fp8State(module=model, exclude=["module.t2"], min_elements=40)
+    got = hook_mean(model, state, steps)
+    bounds = numpy.cumsum([0] + [int(numpy.prod(s)) for s in SIZES])
+    as_float = [i == 2 or numpy.prod(s) < 40 for i, s in enumerate(SIZES)]
+    assert as_float == [False, True, True, True, False]
+    for step in range(2):
+        ref = numpy.concatenate([(fp32 if f else fp8)[step][a:b] for f, a, b in
+                                 zip(as_float, bounds[:-1], bounds[1:])])
+        same([got[step]], [ref], "exclusions")
+        assert not numpy.array_equal(fp8[step][bounds[1]:], fp32[step][bounds[1]:])
+
+
+def case_train():
+    torch.manual_seed(0)                               # the same initial weights everywhere
+    net = torch.nn.Sequential(torch.nn.Linear(20, 64), torch.nn.ReLU(), torch.nn.Linear(64, 5))
+    start = [p.detach().clone() for p in net.parameters()]
+    model = DDP(net, static_graph=True, bucket_cap_mb=0.002)
+    model.register_comm_hook(ddp.Fp8State(), ddp.fp8_hook)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    gen = torch.Generator().manual_seed(100 + rank)   # each rank its own data
+    x, y = torch.randn(32, 20, generator=gen), torch.randint(0, 5, (32,), generator=gen)
+    losses = []
+    for _ in range(8):
+        opt.zero_grad()
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    digest = hashlib.sha256(b"".join(p.detach().numpy().tobytes() for p in net.parameters()))
+    digests = world.comm.allgather(digest.hexdigest())
+    assert len(set(digests)) == 1, f"ranks differ after training: {digests}"
+    assert all(not torch.equal(a, p) for a, p in zip(start, net.parameters()))
+    assert losses[-1] < losses[0], losses
+
+
+CASES = {"flat": case_flat, "twolevel": case_twolevel, "nosync": case_nosync,
+         "exclude": case_exclude, "train": case_train}
+
+for name in sys.argv[1].split(","):
+    CASES[name]()
+    world.comm.Barrier()
+    if rank == 0:
+        print(f"{name}: OK", flush=True)
+dist.destroy_process_group()
