@@ -174,24 +174,11 @@ def build_trainer(solver_path, world=None, log=None, timing=None, param=None):
 
 def _attach_exchange(trainer, log):
     exchange = make_exchange(trainer.world, trainer.param.comm, trainer.net, log)
-    trainer.add_callback(exchange)
-    pipeline_update(trainer, exchange)
+    trainer.add_callback(exchange)      # it takes the trainer's pipelined update (pipeline)
     if log is not None:
         for line in exchange.shared_memory_summary():
             log(f"Wire buffers, {line}")
     return exchange
-
-
-def pipeline_update(trainer, exchange):
-    """Let the exchange's update stage update each layer's params as soon as their
-    gradients are exchanged (Trainer.update_early), overlapping the rest of backward and the
-    other layers' transfers instead of waiting for the last layer: with an asynchronous exchange
-    of host arrays, and a solver whose update works one param at a time (not under
-    clip_gradients). The weights are the same bits as with the update at the end. On a GPU the
-    update is a few device kernels after the exchange, and stays there."""
-    if exchange.asynchronous and not exchange.gpu and trainer.solver.supports_early_update():
-        exchange.set_after_layer(trainer.update_early)
-        trainer.pipelined_update = True
 
 
 def _node_count(world, processes_per_node):

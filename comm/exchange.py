@@ -149,10 +149,10 @@ class LayerExchange:
 class Exchange(SolverCallback):
     """Averages the net's parameter gradients over ``world`` (see the module docstring).
 
-    :meth:`set_after_layer` (asynchronous mode, host arrays): a function of a finished layer's
-    slices of the flat diff, called in the update stage right after their decode, in the order
-    the layers finish, before the layer's future is done: the pipelined update
-    (engine.trainer.Trainer.update_early), wired by the composition root.
+    :meth:`pipeline` (asynchronous mode, host arrays): the trainer's pipelined update
+    (engine.pipelined.PipelinedUpdate), whose ``layer_ready`` gets each finished layer's slices
+    of the flat diff in the update stage, right after their decode, in the order the layers
+    finish, before the layer's future is done.
 
     ``world``: comm.mpi.World (or any world of engine.world with ``comm``); ``comm``: the solver's
     parsed ``comm`` block, already checked by comm.config.validate_comm; ``net``: an engine Net
@@ -160,8 +160,6 @@ class Exchange(SolverCallback):
     completes through the world's ``watchdog`` (borrowed; None: plain blocking waits).
     ``asynchronous``: None follows ``comm.async``; a bool overrides it (the wiring's call).
     """
-
-    after_layer = None
 
     def __init__(self, world, comm, net, asynchronous=None):
         self.world, self.net = world, net
@@ -193,6 +191,7 @@ class Exchange(SolverCallback):
         self._launched = {}             # layers whose hook came, in the order they came
         self._failed = False
         self._threads = []
+        self.pipelined = None           # the trainer's PipelinedUpdate, when taken (pipeline)
         # Where each step runs, decided here once (module docstring): the stages a future passes
         # through; the local steps (statistic, and the encode of tensors with nothing to agree
         # on) run at launch on the compute thread on the GPU, else in the CPU's encode stage.
@@ -590,15 +589,18 @@ class Exchange(SolverCallback):
 
     def _settle_and_update(self, future):
         self._settle(future)
-        if self.after_layer is not None:
-            self.after_layer([trip.sl for trip in future.trips])
+        if self.pipelined is not None:
+            self.pipelined.layer_ready([trip.sl for trip in future.trips])
 
-    def set_after_layer(self, fn):
-        """Call ``fn(slices)`` for each exchanged layer in the update stage (see the class
-        docstring); asynchronous exchanges of host arrays only."""
+    def pipeline(self, update):
+        """Take the trainer's pipelined update (engine.callbacks): an asynchronous exchange of
+        host arrays does, and calls ``update.layer_ready(slices)`` for each exchanged layer in
+        its update stage. On a GPU the update is a few device kernels after the exchange, and
+        stays there; a synchronous exchange has nothing to overlap it with."""
         if not self.asynchronous or self.gpu:
-            raise ValueError("after_layer needs an asynchronous exchange of host arrays")
-        self.after_layer = fn
+            return False
+        self.pipelined = update
+        return True
 
     # --- state, checks, end ---------------------------------------------------------------------
     def state(self):

@@ -17,6 +17,11 @@ every callback it was given:
 ``consistency_check()``
     True when every rank holds bit-identical parameters (called every
     ``consistency_check_interval`` iterations when that is set);
+``pipeline(update)``
+    called once when the callback is added, with an ``engine.pipelined.PipelinedUpdate`` (when
+    the solver can update one layer at a time): True when the callback takes it and will call
+    ``update.layer_ready(slices)`` for every layer whose gradients it finished, as it finishes
+    them (the pipelined update); False (the default) leaves the update at the iteration's end;
 ``close()``
     end threads and free resources; called once, also on errors.
 
@@ -49,6 +54,9 @@ class SolverCallback:
 
     def consistency_check(self):
         return True
+
+    def pipeline(self, update):
+        return False
 
     def close(self):
         pass

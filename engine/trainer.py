@@ -12,11 +12,11 @@ import time
 
 import numpy
 
-
 from caffe8.engine import backend, blas, model_io
 from caffe8.engine.errors import CaffeError, SolverError
 from caffe8.engine.glog import fmt
 from caffe8.engine.net import Net
+from caffe8.engine.pipelined import PipelinedUpdate
 from caffe8.engine.prototxt import parse_file, to_text
 from caffe8.engine.snapshot import (PrefixLock, check_pair, complete_pairs, load_solverstate,
                                     remove_stale_temporaries, snapshot_iters, snapshot_names)
@@ -71,7 +71,7 @@ class Trainer:
             self.close()  # the nets built so far hold files and prefetch threads
             raise
         self._last_pass = True
-        self._early = self._early_index = None
+        self.pipelined = None       # the PipelinedUpdate a callback took (add_callback)
         self.net.add_backward_hook(self._after_backward)
         self.losses = []
         self.smoothed_loss = 0.0
@@ -171,8 +171,14 @@ class Trainer:
 
     # --- callbacks (Caffe's Solver::Callback) -----------------------------------------------------
     def add_callback(self, callback):
-        """Attach an ``engine.callbacks.SolverCallback`` (e.g. the gradient exchange)."""
+        """Attach an ``engine.callbacks.SolverCallback`` (e.g. the gradient exchange). The
+        first callback that takes it (``callback.pipeline``) gets the trainer's pipelined
+        update (``engine.pipelined``), when the solver can update one param at a time."""
         self.callbacks.append(callback)
+        if self.pipelined is None and self.solver.supports_early_update():
+            update = PipelinedUpdate(self.solver, self.net)
+            if callback.pipeline(update):
+                self.pipelined = update
 
     @property
     def exchange(self):
@@ -311,7 +317,8 @@ class Trainer:
             for cb in self.callbacks:
                 cb.on_start()
             # the passes' losses stay on the device; one host read per iteration
-            loss = float(self._forward_backward(p.iter_size)) / p.iter_size
+            total, agreed = self._forward_backward(p.iter_size)
+            loss = float(total) / p.iter_size
             self.net.run_pending_checks()     # the layers' checks of device data (labels)
             self._update_smoothed_loss(loss, start_iter)
             if p.display and self.iter % p.display == 0:
@@ -326,11 +333,11 @@ class Trainer:
             for cb in self.callbacks:
                 cb.on_gradients_ready()  # async exchange: waits for the thread that ran in backward
             wait = time.perf_counter() - t_wait
-            done = ()
-            if self._early is not None:             # the pipelined update ran during backward
-                flags, done = self._early_flags()
+            if agreed is not None:              # the pipelined update ran during backward
+                finite, done = self.pipelined.finish()
+                flags = agreed | (0 if finite else _NONFINITE)
             else:
-                flags = self._agreed_flags(loss)
+                flags, done = self._agreed_flags(loss), ()
             if self._gradients_finite(flags):
                 self.solver.apply_update(done=done)
             self._share_forward_state()
@@ -346,9 +353,12 @@ class Trainer:
                 break
 
     def _forward_backward(self, passes):
-        """``passes`` forward/backward passes (iter_size); their summed loss (on the device).
-        With the pipelined update, the last pass's loss is agreed on before its backward."""
-        total = 0.0
+        """``passes`` forward/backward passes (iter_size): (their summed loss, on the device;
+        the flags agreed before the last backward, or None). With the pipelined update the last
+        pass's loss verdict and the pending requests are agreed on before its backward (one
+        tiny allreduce, while no exchange is in flight), so that layers can be updated as soon
+        as their exchanged gradients arrive."""
+        total, agreed = 0.0, None
         self.net.keep_forward_work(True)  # nothing here writes a bottom between the two passes
         try:
             for k in range(passes):
@@ -359,18 +369,15 @@ class Trainer:
                     self._first_read = False
                 else:
                     total = total + self.net.forward_loss(as_float=False)
-                if self._last_pass and self.pipelined_update:
-                    early = float(total) / passes
+                if self._last_pass and self.pipelined is not None:
                     self.net.run_pending_checks()
-                    self._start_early_update(early)
+                    agreed = self._agree(math.isfinite(float(total) / passes))
+                    self.pipelined.begin(not agreed & _NONFINITE)
                 self.net.backward()
         finally:
             self.net.keep_forward_work(False)
-        return total
+        return total, agreed
 
-    # --- the pipelined update ----------------------------------------------------------------------
-    #: set by the wiring when an asynchronous exchange calls :meth:`update_early` per layer
-    pipelined_update = False
     _first_read = True
 
     # --- the watchdog: phases that keep one rank away from collectives ----------------------------
@@ -386,45 +393,6 @@ class Trainer:
         watchdog = getattr(self.world, "watchdog", None)
         if watchdog is not None:
             watchdog.collective(self.iter, what)
-
-    def _start_early_update(self, loss):
-        """Before the last backward: agree on the loss verdict and pending requests (one tiny
-        allreduce, while no exchange is in flight), so that layers can be updated as soon as
-        their exchanged gradients arrive. The gradients themselves need no agreement: after the
-        exchange they are the same bits on every rank, so every rank reaches the same verdict."""
-        flags = self._agree(math.isfinite(loss))
-        if self._early_index is None:     # the net's slice of each learnable param, reversed
-            self._early_index = {(sl.start, sl.stop): i
-                                 for i, sl in enumerate(self.net.param_slices)}
-        self._early = {"flags": flags, "ok": not flags & _NONFINITE, "done": set()}
-
-    def update_early(self, slices):
-        """Called by the exchange (its communication thread) when the gradients of ``slices``
-        (of the flat diff) are exchanged: update those params now, overlapping the rest of
-        backward and the other layers' exchanges. A non-finite gradient stops the early updates
-        of this iteration (that layer and the later ones are left to the end of the iteration's
-        check; the layers already updated keep their update)."""
-        early = self._early
-        if early is None or not early["ok"]:
-            return
-        index = [self._early_index[(sl.start, sl.stop)] for sl in slices
-                 if (sl.start, sl.stop) in self._early_index]
-        if not all(self.solver.gradients_finite(self.net.learnable_params[i].diff)
-                   for i in index):
-            early["ok"] = False
-            return
-        self.solver.update_early(index)
-        early["done"].update(index)
-
-    def _early_flags(self):
-        """(flags, params already updated) of the iteration with the pipelined update: the flags
-        agreed before backward, non-finite when an early update found a non-finite gradient or a
-        param left for the end holds one (a local check: the exchanged gradients are the same
-        bits on every rank)."""
-        early, self._early = self._early, None
-        rest = [p.diff for i, p in enumerate(self.net.learnable_params) if i not in early["done"]]
-        finite = early["ok"] and all(self.solver.gradients_finite(d) for d in rest)
-        return early["flags"] | (0 if finite else _NONFINITE), early["done"]
 
     def _consistency_check(self):
         """Every K iterations all ranks compare a checksum of their parameters."""
