@@ -23,10 +23,21 @@ after a call, so the layers route *all* their products here: mixing the two in o
 
 The library's GEMM numerics are OpenBLAS's: float32 products accumulate in float32, as Caffe's
 ``caffe_cpu_gemm`` does on its OpenBLAS build; results differ from NumPy's by float32 rounding.
+
+**The bits do not depend on the thread count.** OpenBLAS's own threading splits a product by
+the thread count, and its edge kernels round differently (a 50 x 500 x 4096 product differs
+between 1 and 2 threads), so a run whose count adapted to a busy neighbour would not resume bit
+for bit. caffe8 therefore runs OpenBLAS on one thread and splits each product itself into
+blocks chosen from the shapes alone (:func:`_blocks`: per image of a batched product, and along
+the output's longer side in aligned pieces of a minimum work); ``threads()`` workers take the
+blocks from a shared counter (ctypes releases the GIL), so any count gives the same bits, and a
+worker slowed by a busy core holds up one block, not half the product.
 """
+import concurrent.futures
 import contextlib
 import ctypes
 import importlib.util
+import itertools
 import os
 import threading
 
@@ -38,11 +49,15 @@ BLAS_ENV = "CAFFE8_BLAS"                   # "openblas" (default) or "numpy"
 CORETYPE_ENV = "CAFFE8_OPENBLAS_CORETYPE"  # pins caffe8's OpenBLAS (e.g. Haswell, SkylakeX)
 
 _ROW_MAJOR, _NO_TRANS, _TRANS = 101, 111, 112
-#: a product whose output has at most this many elements runs on one thread: OpenBLAS splits
-#: the work over the output's rows and columns, so a small output over a long inner dimension
-#: (a convolution's weight gradient summed over the batch: LeNet's conv1, 20 x 25 over 36,864
-#: positions) waits for two threads that each do half of too little (1.18 against 0.82 ms)
+#: a product whose output has at most this many elements is one block: split over the output,
+#: a small output over a long inner dimension (a convolution's weight gradient summed over the
+#: batch: LeNet's conv1, 20 x 25 over 36,864 positions) gives pieces that each do too little
 SINGLE_THREAD_OUTPUT = 1024
+#: multiply-adds per block at least (~0.05 ms on one core), and at most this many blocks a product
+BLOCK_WORK = 1 << 19
+MAX_BLOCKS = 16
+#: block edges along the split side are multiples of this (whole micro-kernel tiles)
+BLOCK_ALIGN = 16
 _lock = threading.Lock()
 _state = None     # (library, {dtype: gemm function}) once loaded; (None, reason) when not
 
@@ -131,45 +146,103 @@ def describe():
         return f"host GEMM: NumPy's BLAS ({info})"
     core = lib.scipy_openblas_get_corename().decode()
     version = lib.scipy_openblas_get_config().decode().split()[1]
-    threads = lib.scipy_openblas_get_num_threads()
+    threads = _thread_limit()
     plural = "s" if threads != 1 else ""
     adapt = ", fewer while other processes keep cores busy" if cpu_share.adaptive() else ""
     return (f"host GEMM: caffe8's OpenBLAS {version} ({core} kernels, up to {threads} "
             f"thread{plural}{adapt})")
 
 
-def set_num_threads(n):
-    """Threads of caffe8's OpenBLAS (no-op without it)."""
-    lib = _load()[0]
-    if lib is not None:
-        lib.scipy_openblas_set_num_threads(int(n))
-
-
+_limit = None     # the most workers: OPENBLAS_NUM_THREADS as loaded, within the usable cores
+_threads = None   # workers for the next products (adapt_threads / set_num_threads)
+_pool = None      # ThreadPoolExecutor of _limit - 1 helpers (the calling thread is one worker)
 _budget = None    # cpu_share.ThreadBudget once adapt_threads() first runs; False: fixed count
 
 
-def _thread_budget(lib):
-    """The budget of caffe8's OpenBLAS threads: at most the threads it loaded with (the user's or
-    the CLI's OPENBLAS_NUM_THREADS, else one per core) and the cores this process may use."""
-    limit = min(lib.scipy_openblas_get_num_threads(), cpu_share.usable_cores())
-    lib.scipy_openblas_set_num_threads(limit)
-    return cpu_share.ThreadBudget(limit) if cpu_share.adaptive() else False
+def _thread_limit():
+    """Workers at most: the threads caffe8's OpenBLAS loaded with (the user's or the CLI's
+    OPENBLAS_NUM_THREADS, else one per core) and the cores this process may use. OpenBLAS
+    itself is set to one thread (the blocks are caffe8's)."""
+    global _limit, _threads
+    if _limit is None:
+        lib = _load()[0]
+        loaded = lib.scipy_openblas_get_num_threads() if lib is not None else 1
+        _limit = max(1, min(loaded, cpu_share.usable_cores()))
+        if lib is not None:
+            lib.scipy_openblas_set_num_threads(1)
+        if _threads is None:
+            _threads = _limit
+    return _limit
+
+
+def threads():
+    """Workers the next products run on."""
+    _thread_limit()
+    return _threads
+
+
+def set_num_threads(n):
+    """Workers for the host products (at least 1); they change the speed, never the bits."""
+    global _threads, _limit
+    _thread_limit()
+    _threads = max(1, int(n))
+    _limit = max(_limit, _threads)
 
 
 def adapt_threads():
-    """Between iterations: size caffe8's OpenBLAS to the cores free now (engine.cpu_share), so
-    that a busy neighbour costs its share of the cores, not a stalled GEMM. Cheap when called
+    """Between iterations: size the workers to the cores free now (engine.cpu_share), so that
+    a busy neighbour costs its share of the cores, not a stalled product. Cheap when called
     every iteration (it re-measures twice a second)."""
-    global _budget
-    lib = _load()[0]
-    if lib is None:
+    global _budget, _threads
+    if _load()[0] is None:
         return
     if _budget is None:
-        _budget = _thread_budget(lib)
+        limit = _thread_limit()
+        _budget = cpu_share.ThreadBudget(limit) if cpu_share.adaptive() else False
     if _budget:
-        n = _budget.poll()
-        if n != lib.scipy_openblas_get_num_threads():
-            lib.scipy_openblas_set_num_threads(n)
+        _threads = _budget.poll()
+
+
+def _run_blocks(gemm, blocks):
+    """Each block ``gemm(*args)`` once, on ``threads()`` workers taking them in turn."""
+    global _pool
+    workers = min(threads(), len(blocks))
+    if workers <= 1:
+        for args in blocks:
+            gemm(*args)
+        return
+    if _pool is None or _pool._max_workers < _limit - 1:
+        _pool = concurrent.futures.ThreadPoolExecutor(max(1, _limit - 1),
+                                                      thread_name_prefix="caffe8-gemm")
+    order = itertools.count()
+
+    def work():
+        for i in iter(order.__next__, len(blocks)):
+            if i >= len(blocks):
+                return
+            gemm(*blocks[i])
+    helpers = [_pool.submit(work) for _ in range(workers - 1)]
+    work()
+    for h in helpers:
+        h.result()
+
+
+def _split(length, pieces):
+    """``pieces`` ranges covering ``range(length)``, edges on multiples of BLOCK_ALIGN."""
+    step = -(-length // pieces)
+    step = -(-step // BLOCK_ALIGN) * BLOCK_ALIGN
+    return [(lo, min(lo + step, length)) for lo in range(0, length, step)]
+
+
+def _blocks(m, n, k):
+    """The (rows, cols) output ranges one 2-D product is computed in: a function of the shape
+    only, never of the thread count (the bits must not depend on it)."""
+    pieces = min(MAX_BLOCKS, (m * n * k) // BLOCK_WORK)
+    if m * n <= SINGLE_THREAD_OUTPUT or pieces < 2:
+        return [((0, m), (0, n))]
+    if n >= m:
+        return [((0, m), cols) for cols in _split(n, pieces)]
+    return [(rows, (0, n)) for rows in _split(m, pieces)]
 
 
 def _operand(x):
@@ -246,24 +319,19 @@ def matmul(a, b, out=None, accumulate=False):
     gemm = state[1][a.dtype]
     beta = 1.0 if accumulate else 0.0
     pa, pb, pc = (x.__array_interface__["data"][0] for x in (a_b, b_b, out))
-    lib = state[0]
-    restore = None   # the thread count to go back to after a one-thread product
-    if m * n <= SINGLE_THREAD_OUTPUT and lib.scipy_openblas_get_num_threads() > 1:
-        restore = lib.scipy_openblas_get_num_threads()
-        lib.scipy_openblas_set_num_threads(1)
-    try:
-        if not batch:
-            gemm(_ROW_MAJOR, ta, tb, m, n, k, 1.0, pa, lda, pb, ldb, beta, pc, ldc)
-            return out
-        steps = [x.strides[:-2] for x in (a_b, b_b, out)]
-        for i in numpy.ndindex(*batch):
-            oa, ob, oc = (sum(j * s for j, s in zip(i, st)) for st in steps)
-            gemm(_ROW_MAJOR, ta, tb, m, n, k, 1.0, pa + oa, lda, pb + ob, ldb, beta, pc + oc,
-                 ldc)
-        return out
-    finally:
-        if restore is not None:
-            lib.scipy_openblas_set_num_threads(restore)
+    sa, sb, sc = (x.strides[-2:] for x in (a_b, b_b, out))
+    steps = [x.strides[:-2] for x in (a_b, b_b, out)]
+    parts = _blocks(m, n, k)
+    blocks = []
+    for i in numpy.ndindex(*batch):
+        oa, ob, oc = (sum(j * st for j, st in zip(i, st_)) for st_ in steps)
+        for (r0, r1), (c0, c1) in parts:
+            # rows r0:r1 of a, columns c0:c1 of b, that block of the output
+            blocks.append((_ROW_MAJOR, ta, tb, r1 - r0, c1 - c0, k, 1.0,
+                           pa + oa + r0 * sa[0], lda, pb + ob + c0 * sb[1], ldb, beta,
+                           pc + oc + r0 * sc[0] + c0 * sc[1], ldc))
+    _run_blocks(gemm, blocks)
+    return out
 
 
 def _eligible(state, a, b, out):

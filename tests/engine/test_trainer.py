@@ -12,7 +12,7 @@ from caffe8.engine.errors import CaffeError, PrototxtError, SolverError
 from caffe8.engine.glog import GLog
 from caffe8.engine.prototxt import parse_file, parse_text, to_text
 from caffe8.engine.trainer import Trainer
-from tests.engine.trainer_util import DIGITS_NET, write_solver
+from tests.engine.trainer_util import DIGITS_NET, REPO, write_solver
 
 
 def _shuffling_dropout_net(folder):
@@ -190,3 +190,47 @@ def test_nonfinite_gradient_stops_with_snapshot_or_skips(in_digits_cwd, tmp_path
     t.solve()
     assert t.iter == 6
     assert all(numpy.isfinite(a).all() for a in [t.net.flat_data])
+
+
+def _lenet_on_hdf5(folder, batches=4):
+    """BVLC's LeNet (batch 64) on random 28x28 images from HDF5: its conv2 forward is a
+    50 x 500 x 4096 product, one whose OpenBLAS bits differ between 1 and 2 threads."""
+    rng = numpy.random.default_rng(4)
+    path = folder / "lenet.h5"
+    with h5py.File(path, "w") as f:
+        f["data"] = rng.random((64 * batches, 1, 28, 28), numpy.float32)
+        f["label"] = rng.integers(0, 10, 64 * batches).astype(numpy.float32)
+    (folder / "lenet.txt").write_text(f"{path}\n")
+    text = open(os.path.join(REPO, "prototxt", "lenet", "train_val.prototxt")).read()
+    body = text[text.index('layer {\n  name: "conv1"'):]
+    net = folder / "lenet.prototxt"
+    net.write_text(f'name: "LeNet"\nlayer {{ name: "data" type: "HDF5Data" top: "data" '
+                   f'top: "label" hdf5_data_param {{ source: "{folder / "lenet.txt"}" '
+                   f'batch_size: 64 }} }}\n' + body)
+    return net
+
+
+def test_resume_is_bit_identical_whatever_the_thread_count(in_digits_cwd, tmp_path, monkeypatch):
+    """Resume beside a busy neighbour: the uninterrupted run computes on 2 workers, the resumed
+    one on the count a busy machine gives (1, 2, 1, ...); the models are the same bytes (the
+    products' bits do not depend on the thread count, engine/blas.py)."""
+    from caffe8.engine import blas
+
+    class Busy:                     # what cpu_share.ThreadBudget answers beside busy processes
+        def __init__(self, answers):
+            self.answers = answers
+
+        def poll(self):
+            return next(self.answers)
+    net = _lenet_on_hdf5(tmp_path)
+    common = dict(max_iter=8, test_interval=0, test_iter=[], display=0, base_lr=0.01)
+    monkeypatch.setattr(blas, "_budget", Busy(iter(lambda: 2, None)))
+    Trainer(write_solver(tmp_path / "a", net, snapshot=4, **common)).solve()
+    answers = iter([1, 2, 1, 1, 2, 1, 2, 1, 1, 1])
+    monkeypatch.setattr(blas, "_budget", Busy(answers))
+    resumed = Trainer(write_solver(tmp_path / "b", net, snapshot=0, **common))
+    resumed.solve(resume_file=str(tmp_path / "a" / "snap" / "digits_iter_4.solverstate.h5"))
+    a = _h5_datasets(tmp_path / "a" / "snap" / "digits_iter_8.caffemodel.h5")
+    b = _h5_datasets(tmp_path / "b" / "snap" / "digits_iter_8.caffemodel.h5")
+    assert a.keys() == b.keys() and a
+    assert all(numpy.array_equal(a[k], b[k]) for k in a), [k for k in a if not numpy.array_equal(a[k], b[k])]
