@@ -134,7 +134,8 @@ def ensure_digits(root="data/digits", log=None):
         log.info(f"Preparing the digits data (sklearn.datasets.load_digits) in {root}")
     if os.path.isdir(root) and os.listdir(root):
         raise DataError(f"'{root}' exists but holds no complete digits data ({_MANIFEST} "
-                        "missing or outdated); remove it and run scripts/prepare_digits.py again")
+                        "missing or outdated); remove it, and the next run of a digits net "
+                        "prepares it again")
     parent = os.path.dirname(os.path.abspath(root))
     os.makedirs(parent, exist_ok=True)
     tmp = tempfile.mkdtemp(prefix=".digits-", dir=parent)

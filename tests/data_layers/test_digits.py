@@ -14,7 +14,7 @@ P = {}
 
 @pytest.fixture(scope="module")
 def root(tmp_path_factory):
-    from scripts.prepare_digits import ensure_digits  # the importable name the CLI uses
+    from caffe8.engine.datasets import ensure_digits  # what a digits net's first run calls
     r = str(tmp_path_factory.mktemp("d") / "digits")
     P["manifest"] = ensure_digits(r)
     return r
