@@ -103,11 +103,12 @@ def register_all():
     python_layer.MODULE_ALIASES.setdefault("caffe", caffe8)
 
 
-def make_exchange(world, comm_param, net, log=None):
+def make_exchange(world, comm_param, net, log=None, timed=False):
     """The solver's ``comm`` block → the per-layer gradient exchange (a solver callback), every
     collective under the collective watchdog (``comm.stall_timeout``), the world's included.
     ``comm.async`` is honoured unless the overlap would take cores from the compute
-    (``overlap_takes_cores``): then the exchange runs synchronously, and ``log`` says so."""
+    (``overlap_takes_cores``): then the exchange runs synchronously, and ``log`` says so.
+    ``timed``: a timing log records the run (the exchange's device phases get CUDA events)."""
     from caffe8.comm.exchange import Exchange
     from caffe8.comm.watchdog import Watchdog
     if world.watchdog is None:
@@ -119,7 +120,7 @@ def make_exchange(world, comm_param, net, log=None):
             asynchronous = False
             if log is not None and world.rank == 0:
                 log(f"comm.async: the exchange runs synchronously: {crowded}")
-    return Exchange(world, comm_param, net, asynchronous)     # borrows the world's watchdog
+    return Exchange(world, comm_param, net, asynchronous, timed)   # borrows the world's watchdog
 
 
 #: "1": honour comm.async even where the node's ranks outnumber its cores
@@ -161,9 +162,10 @@ def build_trainer(solver_path, world=None, log=None, timing=None, param=None):
     prepare_bundled_data(str(solver_path), param, world, log)
     trainer = Trainer(solver_path, world=world, log=log, param=param)
     try:
-        exchange = _attach_exchange(trainer, log) if trainer.world.size > 1 else None
+        exchange = _attach_exchange(trainer, log, timing is not None) \
+            if trainer.world.size > 1 else None
         if timing is not None:
-            timing.attach(trainer)   # after the exchange: the timing reads its per-layer record
+            timing.attach(trainer)
         if log is not None:
             log(exchange_summary(exchange, param.comm, trainer.world))
     except BaseException:
@@ -172,8 +174,8 @@ def build_trainer(solver_path, world=None, log=None, timing=None, param=None):
     return trainer
 
 
-def _attach_exchange(trainer, log):
-    exchange = make_exchange(trainer.world, trainer.param.comm, trainer.net, log)
+def _attach_exchange(trainer, log, timed):
+    exchange = make_exchange(trainer.world, trainer.param.comm, trainer.net, log, timed)
     trainer.add_callback(exchange)      # it takes the trainer's pipelined update (pipeline)
     if log is not None:
         for line in exchange.shared_memory_summary():

@@ -6,13 +6,16 @@ then ends the job with its name instead of a hang), or ``BLOCKING``, which makes
 blocking call (the benchmark's path, exactly MPICH's blocking algorithms). All ranks of a job use
 the same kind, as MPI requires (a blocking collective never matches a nonblocking one).
 
-:func:`max_over` is the MAX agreement of one float (the fp8 codec's range, the APS exponent).
+:func:`max_over` is the MAX agreement of one float (the fp8 codec's range, the APS exponent);
+:func:`bit_identical` whether every rank holds the same bytes (the consistency check).
 """
+import hashlib
 import os
 
 import numpy
 
 from caffe8.comm.mpi import mpi_module
+from caffe8.engine import backend
 
 
 class _Blocking:
@@ -55,3 +58,18 @@ def max_over(comm, value, waiter=BLOCKING):
     buf = numpy.array([value], numpy.float64)
     collective(waiter, "Allreduce", comm, in_place(), buf, mpi_module().MAX)
     return float(buf[0])
+
+
+def bit_identical(world, arrays):
+    """True on every rank when every rank holds bit-identical ``arrays`` (an array or a list of
+    arrays, host or device): each rank hashes the raw bytes (SHA-256) and the digests are
+    allgathered (``world.allgather_bytes``: under the watchdog in training), so the answer is
+    the same on every rank."""
+    if not isinstance(arrays, (list, tuple)):
+        arrays = [arrays]
+    h = hashlib.sha256()
+    for a in arrays:
+        h.update(numpy.ascontiguousarray(backend.to_numpy(a)).tobytes())
+    if world.size == 1:
+        return True
+    return len(set(world.allgather_bytes(h.digest()))) == 1

@@ -2,8 +2,7 @@
 
 As PyTorch DDP's communication hooks. Right after a layer's backward (``on_backward``) the
 compute thread starts that layer's exchange and hands a future on. Each tensor of the layer
-goes through five named steps (``_stat``, ``_agree``, ``_encode``, the reduction ``_gather`` or
-``_sum_bucket``, ``_decode``-ing ``_settle``):
+goes through five steps:
 
 stat
     the codec's statistic (fp8's quantile on refresh iterations, APS' peak), left on the device;
@@ -27,7 +26,10 @@ stage decodes and records a done event, which the compute stream waits for befor
 On the CPU the same steps run without copies or streams (the wire buffer is the host buffer)
 in three stages: an encode stage runs the local steps, since a host encode on the compute
 thread would lengthen backward instead of overlapping it; the communication thread; an update
-stage decodes (then the pipelined update, ``after_layer``).
+stage decodes (then the pipelined update: ``pipeline``).
+The stages are the table ``Exchange.stages`` of :class:`Stage` (a thread's name and a bound
+step), made in the constructor; each tensor's :class:`Trip` carries its gradient from step to
+step.
 Synchronous mode (``async: false``) runs exactly the same steps for each layer, in the order the
 hooks came, on the compute thread after backward; every tensor's arithmetic is independent of
 when it runs, so both modes give bit-identical weights. Only one thread calls MPI at a time
@@ -43,12 +45,14 @@ Every collective completes through the collective watchdog (comm/watchdog.py), s
 ends the job with its name after ``comm.stall_timeout`` seconds instead of a hang. Per layer and
 iteration the exchange records encode, d2h, wait (for the copy), comm, h2d, decode and quantile
 seconds in ``timings`` (engine.timing); on the GPU the device phases come from CUDA events made
-only when ``timed`` is set (by a timing log), else only the three events each layer needs.
+only when the exchange is ``timed`` (the wiring asks for it when a timing log records the run),
+else only the three events each layer needs.
 """
-import hashlib
 import queue
 import threading
 import time
+from dataclasses import dataclass
+from typing import Callable
 
 import numpy
 
@@ -57,7 +61,7 @@ from caffe8.engine.callbacks import SolverCallback
 from caffe8.engine.errors import CaffeError
 from caffe8.engine.timing import PHASES, Clock, ExchangeTimes
 from caffe8.comm.allreduce import create_transport
-from caffe8.comm.collective import BLOCKING, max_over
+from caffe8.comm.collective import BLOCKING, bit_identical, max_over
 from caffe8.comm.codecs import Tensor, create_codec
 from caffe8.comm.config import transport_name
 from caffe8.comm.ops import padded_length
@@ -95,26 +99,61 @@ def build_buckets(schedule, limit_bytes, itemsize):
     return buckets
 
 
-class _Trip:
-    """One tensor's way through the exchange in one iteration; each step fills its own slots:
+@dataclass(eq=False, slots=True)
+class Trip:
+    """One tensor's way through the exchange in one iteration; each step fills its own fields.
 
-    launch  ``sl``, ``codec``, ``transport``, ``tensor`` (what the codec sees, its output buffer
-            included) and, for sum codecs, ``host`` and ``wire``: the tensor's spans of its
-            bucket's pinned host and device wire buffers (one array on the CPU);
-    stat    ``stat``: the codec's statistic, still on the device (None: nothing to agree on
-            this iteration); ``quantile``: seconds of the statistic and its agreement;
-    encode  ``payload`` and ``ctx`` (gather codecs: ``host``, the payload's host copy);
-    reduce  ``reduced``: the sum or the gathered rows (on the GPU the device copy), cleared by
-            the decode.
+    At launch: ``sl`` (its slice of the net's flat buffers), ``grad`` (that slice of the flat
+    diff: every step reads and the decode writes it), ``codec``, ``transport``, ``tensor`` (what
+    the codec sees, its output buffer included) and, for sum codecs, ``at`` (its offset in its
+    bucket's wire buffer), ``host`` and ``wire`` (its spans of the bucket's pinned host and
+    device wire buffers; one array on the CPU). The statistic: ``stat`` (left on the device;
+    None: nothing to agree on this iteration) and ``quantile`` (seconds of the statistic and its
+    agreement). The encode: ``payload`` and ``ctx`` (gather codecs: ``host``, the payload's host
+    copy). The reduction: ``reduced`` (the sum or the gathered rows; on the GPU the device
+    copy), cleared by the decode.
     """
-    __slots__ = ("sl", "codec", "transport", "tensor", "host", "wire", "stat", "quantile",
-                 "payload", "ctx", "reduced")
+    sl: slice
+    grad: object
+    codec: object
+    transport: object
+    tensor: Tensor
+    at: int = 0
+    host: object = None
+    wire: object = None
+    stat: object = None
+    quantile: float = 0.0
+    payload: object = None
+    ctx: object = None
+    reduced: object = None
 
-    def __init__(self, sl, codec, transport, tensor, host=None, wire=None):
-        self.sl, self.codec, self.transport, self.tensor = sl, codec, transport, tensor
-        self.host, self.wire = host, wire
-        self.stat, self.quantile = None, 0.0
-        self.payload = self.ctx = self.reduced = None
+
+class BetweenStages:
+    """The codec's step between the hierarchical sum's stages over one bucket's wire buffer
+    ``buffer``, tensor by tensor: the transport hands it its intra-node partial sum ``piece``
+    (a block of ``buffer``), and each tensor's part of the piece is transformed with that
+    tensor's own codec context (fp8: the number of nodes it divides by)."""
+
+    def __init__(self, buffer, trips):
+        self.buffer = buffer
+        self.spans = [(t.at, t.at + t.host.size, t.codec, t.ctx) for t in trips]
+
+    def __call__(self, piece):
+        lo = (piece.ctypes.data - self.buffer.ctypes.data) // piece.itemsize
+        hi = lo + piece.size
+        for start, stop, codec, ctx in self.spans:
+            a, b = max(start, lo), min(stop, hi)
+            if a < b:
+                codec.between_stages(piece[a - lo:b - lo], ctx)
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One stage of the exchange: ``step(future)`` runs on the thread named ``thread``
+    (asynchronous mode) and returns the futures it passes on to the next stage (None: the
+    future itself)."""
+    thread: str
+    step: Callable
 
 
 class LayerExchange:
@@ -159,9 +198,11 @@ class Exchange(SolverCallback):
     (``flat_data``, ``flat_diff``, ``layer_param_slices``, ``layers``). Every collective
     completes through the world's ``watchdog`` (borrowed; None: plain blocking waits).
     ``asynchronous``: None follows ``comm.async``; a bool overrides it (the wiring's call).
+    ``timed``: time the device phases with CUDA events too (a timing log records them; the
+    host phases are always timed); else only the three events each layer needs are made.
     """
 
-    def __init__(self, world, comm, net, asynchronous=None):
+    def __init__(self, world, comm, net, asynchronous=None, timed=False):
         self.world, self.net = world, net
         self.watchdog = getattr(world, "watchdog", None)        # borrowed: the world owns it
         # "async" is a Python keyword; ``asynchronous`` (the wiring's decision) overrides it
@@ -192,15 +233,24 @@ class Exchange(SolverCallback):
         self._failed = False
         self._threads = []
         self.pipelined = None           # the trainer's PipelinedUpdate, when taken (pipeline)
-        # Where each step runs, decided here once (module docstring): the stages a future passes
-        # through; the local steps (statistic, and the encode of tensors with nothing to agree
-        # on) run at launch on the compute thread on the GPU, else in the CPU's encode stage.
-        self.stages = self.GPU_STAGES if self.gpu else self.CPU_STAGES
+        # Where each step runs, decided here once (module docstring): the stages a future
+        # passes through, in order, each a bound method on a thread of its own. On the CPU
+        # three, so that no host work holds up the link: an encode stage (the local steps of
+        # the next layers while the current one is on the wire), the communication thread
+        # (agreement, reduction: every MPI call) and an update stage (decode, then the
+        # pipelined update). On the GPU the compute thread runs the local steps at launch
+        # (kernel launches on the layer's stream), then the communication thread and a decode
+        # stage that launches the decode on the layer's stream.
         self.local_at_launch = self.gpu
-        #: time the device phases with CUDA events (host phases are always timed): set by the
-        #: timing log (engine.timing.TimingLog.attach), so that without one no event is made
-        #: but the three each layer needs (after backward, after its copies, after its decode)
-        self.timed = not self.gpu
+        if self.gpu:
+            self.stages = (Stage("caffe8-comm", self._transfer),
+                           Stage("caffe8-decode", self._settle))
+        else:
+            self.stages = (Stage("caffe8-encode", self._prepare),
+                           Stage("caffe8-comm", self._transfer),
+                           Stage("caffe8-update", self._settle_and_update))
+        #: device phases timed with CUDA events (on the CPU every mark is a clock reading)
+        self.timed = timed or not self.gpu
         if self.asynchronous:
             self._start_stages()
 
@@ -224,22 +274,20 @@ class Exchange(SolverCallback):
 
     def _reserve_shared_buffers(self):
         """Size each sum transport's node-shared arena for the wire buffers of the configured
-        codec (one per bucket, as ``_bucket_buffer`` takes them) and create it: collective, so
+        codec (one per bucket, as ``bucket_buffer`` takes them) and create it: collective, so
         here, in the same order on every rank, before the communication thread starts. The
         float32 warm-up's buffers stay private: a few iterations are not worth four more bytes
         of /dev/shm per parameter and process."""
-        need = {}
-        for codec in (self.codec,):
-            if codec.reduction != "sum":
-                continue
-            name = self._transport_of[codec.name]
-            item = numpy.dtype(codec.wire.dtype).itemsize
-            for n in self._bucket_size:
-                n = self._wire_length(n, codec, self.transports[name])
-                need[name] = need.get(name, 0) + n * item + ALIGN
-        self._reserved = sorted(need)
-        for name in self._reserved:
-            self.transports[name].reserve(need[name])
+        self._reserved = []
+        codec = self.codec
+        if codec.reduction != "sum":
+            return
+        name = self._transport_of[codec.name]
+        transport = self.transports[name]
+        item = numpy.dtype(codec.wire.dtype).itemsize
+        transport.reserve(sum(self._wire_length(n, codec, transport) * item + ALIGN
+                              for n in self._bucket_size))
+        self._reserved = [name]
 
     def shared_memory_summary(self):
         """One line per sum transport: whether its buffers are node-shared, and why not."""
@@ -277,7 +325,7 @@ class Exchange(SolverCallback):
                 self._start(i)
         else:
             self._futures = [self.launch(i) for i in list(self._launched) + missing]
-            self._run_inline(self._futures)
+            self.run_now(self._futures)
         layers, quantile = {}, 0.0
         for future in self._futures:
             try:
@@ -312,11 +360,12 @@ class Exchange(SolverCallback):
         are whole wire units."""
         return padded_length(n, codec.wire.unit, transport.parts)
 
-    def _bucket_buffer(self, b, codec, transport):
-        """Bucket ``b``'s zero-padded wire buffer on the gradient's device (and its pinned host
-        mirror on the GPU), kept from one iteration to the next: fresh buffers of tens of MB
-        cost page faults every call. Each tensor's encoder writes only its own span; the
-        padding stays zero."""
+    def bucket_buffer(self, b, codec):
+        """(host, device): bucket ``b``'s zero-padded wire buffer for ``codec`` (a sum codec of
+        this exchange) on the gradient's device, and its pinned host mirror (one array on the
+        CPU), kept from one iteration to the next: fresh buffers of tens of MB cost page faults
+        every call. Each tensor's encoder writes only its own span; the padding stays zero."""
+        transport = self.transports[self._transport_of[codec.name]]
         length = self._wire_length(self._bucket_size[b], codec, transport)
         dtype = codec.wire.dtype
         entry = self._buffers.get((b, codec.name))
@@ -337,25 +386,23 @@ class Exchange(SolverCallback):
         if stream is not None:              # the layer's stream starts after its backward
             stream.wait_event(self.clock.mark(backend.cupy.cuda.get_current_stream()))
         future = LayerExchange(layer, [self._trip(layer, sl, codec, transport)
-                                for sl in self.schedule[layer]], stream)
+                                       for sl in self.schedule[layer]], stream)
         if self.local_at_launch:
             self._prepare(future)
         return future
 
     def _trip(self, layer, sl, codec, transport):
-        """A tensor's trip, handed its spans of the bucket's wire buffers (sum codecs)."""
+        """A tensor's trip, with its gradient and its spans of the bucket's wire buffers (sum
+        codecs)."""
         key = (sl.start, sl.stop)
-        host = wire = None
+        at, host, wire = 0, None, None
         if codec.reduction == "sum":
             at, n = self._offset[key], sl.stop - sl.start
-            host, device = self._bucket_buffer(self._bucket_of[layer], codec, transport)
+            host, device = self.bucket_buffer(self._bucket_of[layer], codec)
             host, wire = host[at:at + n], device[at:at + n]
         tensor = Tensor(key, self.net.flat_data[sl], self.iteration, self.world.size,
                         transport.stages, wire)
-        return _Trip(sl, codec, transport, tensor, host, wire)
-
-    def _grad(self, trip):
-        return self.net.flat_diff[trip.sl]
+        return Trip(sl, self.net.flat_diff[sl], codec, transport, tensor, at, host, wire)
 
     def _encodes_early(self, trip):
         """True when the tensor is encoded in the local steps, before any agreement: it has no
@@ -374,7 +421,7 @@ class Exchange(SolverCallback):
     def _stat(self, trip):
         """The codec's statistic, left on the device (``_agree`` reads it); quantile time."""
         t = time.perf_counter()
-        trip.stat = trip.codec.device_stat(self._grad(trip), trip.tensor)
+        trip.stat = trip.codec.device_stat(trip.grad, trip.tensor)
         if trip.stat is not None:
             trip.quantile += time.perf_counter() - t
 
@@ -393,7 +440,7 @@ class Exchange(SolverCallback):
         stream = future.stream
         start = self._mark(stream)
         for trip in trips:
-            trip.payload, trip.ctx = trip.codec.encode(self._grad(trip), trip.tensor)
+            trip.payload, trip.ctx = trip.codec.encode(trip.grad, trip.tensor)
         encoded = self._mark(stream)
         self._phase(future, "encode", start, encoded)
         for trip in trips:
@@ -459,17 +506,15 @@ class Exchange(SolverCallback):
             future.times["comm"] += time.perf_counter() - t
 
     def _sum_bucket(self, b, futures):
-        """One transport call over bucket ``b``'s wire buffer (every tensor of ``futures``);
-        its time is shared out to the layers by their element counts."""
-        first = futures[0].trips[0]
-        codec = first.codec
-        host, _ = self._bucket_buffer(b, codec, first.transport)
-        between = None
-        if codec.between_stages is not None:
-            ctx = first.ctx
-            between = lambda piece: codec.between_stages(piece, ctx)  # noqa: E731
+        """One transport call over bucket ``b``'s wire buffer (every tensor of ``futures``),
+        with the codec's step between the stages for each tensor (``BetweenStages``); its time
+        is shared out to the layers by their element counts."""
+        trips = [trip for f in futures for trip in f.trips]
+        codec, transport = trips[0].codec, trips[0].transport
+        host, _ = self.bucket_buffer(b, codec)
+        between = BetweenStages(host, trips) if codec.between_stages is not None else None
         t = time.perf_counter()
-        first.transport.sum(host, codec.wire, between)
+        transport.sum(host, codec.wire, between)
         seconds = time.perf_counter() - t
         for f in futures:
             for trip in f.trips:
@@ -501,7 +546,7 @@ class Exchange(SolverCallback):
             start = self._mark(stream)
             self._phase(future, "h2d", future.h2d, start)
             for trip in future.trips:
-                trip.codec.decode(trip.reduced, trip.ctx, self._grad(trip))
+                trip.codec.decode(trip.reduced, trip.ctx, trip.grad)
                 trip.reduced = None
             end = self.clock.mark(stream) if self.gpu or self.timed else None
         if self.gpu:
@@ -524,26 +569,16 @@ class Exchange(SolverCallback):
             future.times[phase] += self.clock.seconds(start, end)
 
     # --- the stages -------------------------------------------------------------------------------
-    #: (thread name, method) of the stages a layer's future passes through, in order. On the
-    #: CPU three, so that no host work holds up the link: an encode stage (the local steps of
-    #: the next layers while the current one is on the wire), the communication thread
-    #: (agreement, reduction: every MPI call) and an update stage (decode, then ``after_layer``).
-    #: On the GPU the compute thread ran the local steps at launch: the communication thread,
-    #: then a decode stage that launches the decode on the layer's stream.
-    CPU_STAGES = (("caffe8-encode", "_prepare"), ("caffe8-comm", "_transfer"),
-                  ("caffe8-update", "_settle_and_update"))
-    GPU_STAGES = (("caffe8-comm", "_transfer"), ("caffe8-decode", "_settle"))
-
     def _start_stages(self):
         self._inboxes = [queue.Queue() for _ in self.stages]
-        for k, (name, work) in enumerate(self.stages):
-            thread = threading.Thread(target=self._run_stage, args=(k, work), name=name,
+        for k, stage in enumerate(self.stages):
+            thread = threading.Thread(target=self._run_stage, args=(k, stage), name=stage.thread,
                                       daemon=True)
             thread.start()
             self._threads.append(thread)
 
-    def _step(self, work, future):
-        """Run stage ``work`` on ``future``; returns the futures to pass on (the communication
+    def _step(self, stage, future):
+        """Run ``stage`` on ``future``; returns the futures to pass on (the communication
         stage holds a layer back until its bucket is summed). A failure settles the future with
         its error, and every later step only releases waiters: no more MPI traffic."""
         if future.done():
@@ -552,7 +587,7 @@ class Exchange(SolverCallback):
             future.set_done(CaffeError("an earlier layer's exchange failed"))
             return [future]
         try:
-            out = getattr(self, work)(future)
+            out = stage.step(future)
         except BaseException as exc:          # surfaces in the compute thread, with the layer
             self._failed = True
             # the layers held for a bucket's sum are released with the same error
@@ -563,7 +598,7 @@ class Exchange(SolverCallback):
             return [future] + held
         return [future] if out is None else out
 
-    def _run_stage(self, k, work):
+    def _run_stage(self, k, stage):
         backend.bind_thread()
         inbox = self._inboxes[k]
         outbox = self._inboxes[k + 1] if k + 1 < len(self._inboxes) else None
@@ -573,16 +608,17 @@ class Exchange(SolverCallback):
                 if outbox is not None:
                     outbox.put(None)
                 return
-            for f in self._step(work, future):
+            for f in self._step(stage, future):
                 if outbox is not None:
                     outbox.put(f)
                 elif not f.done():
                     f.set_done()
 
-    def _run_inline(self, futures):
-        """Synchronous mode: every stage for every layer, in the order they came, here."""
-        for _, work in self.stages:
-            futures = [f for future in futures for f in self._step(work, future)]
+    def run_now(self, futures):
+        """Every stage for every one of ``futures`` (from :meth:`launch`), in order, on this
+        thread: synchronous mode's way, also for one layer by itself."""
+        for stage in self.stages:
+            futures = [f for future in futures for f in self._step(stage, future)]
         for f in futures:
             if not f.done():
                 f.set_done()
@@ -614,22 +650,9 @@ class Exchange(SolverCallback):
         self.codec.restore(state)
 
     def consistency_check(self, params=None):
-        """True when every rank holds bit-identical ``params`` (default: the net's flat_data).
-
-        ``params``: an array or a list of arrays. Each rank hashes the raw bytes (SHA-256) and
-        the digests are allgathered, so the answer is the same on every rank.
-        """
-        if params is None:
-            params = [self.net.flat_data]
-        elif not isinstance(params, (list, tuple)):
-            params = [params]
-        h = hashlib.sha256()
-        for p in params:
-            h.update(numpy.ascontiguousarray(backend.to_numpy(p)).tobytes())
-        if self.world.size == 1:
-            return True
-        digests = self.world.allgather_bytes(h.digest())       # under the watchdog
-        return len(set(digests)) == 1
+        """True when every rank holds bit-identical ``params`` (an array or a list of arrays;
+        default: the net's flat_data): ``comm.collective.bit_identical``."""
+        return bit_identical(self.world, [self.net.flat_data] if params is None else params)
 
     def close(self):
         """End the communication thread; free communicators unless an exchange failed (a rank

@@ -32,6 +32,23 @@ class ExchangeTimes:
     quantile_pass: float = 0.0
 
 
+def merged(records):
+    """One :class:`ExchangeTimes` of several callbacks' ``records`` (each phase of a layer
+    summed; asynchronous when one of them overlapped backward); empty for none."""
+    if len(records) == 1:
+        return records[0]
+    out = ExchangeTimes()
+    for rec in records:
+        for i, phases in rec.layers.items():
+            mine = out.layers.setdefault(i, dict.fromkeys(PHASES, 0.0))
+            for ph in PHASES:
+                mine[ph] += phases.get(ph, 0.0)
+        out.asynchronous = out.asynchronous or rec.asynchronous
+        out.quantile_interval = max(out.quantile_interval, rec.quantile_interval)
+        out.quantile_pass += rec.quantile_pass
+    return out
+
+
 class Clock:
     """Marks that can be differenced: CUDA events on the GPU (recorded on ``stream``, default the
     current one), host seconds on the CPU. ``gpu``: default, whether the backend runs on CuPy."""
@@ -67,14 +84,16 @@ class TimingLog:
         self.clock = None
         self.marks = []          # (kind, layer index, mark) in call order
         self.net = None
-        self.exchange = None
+        self.callbacks = ()
 
     def attach(self, trainer):
-        """Hook into the trainer's train net (and its exchange, when there is one)."""
+        """Record ``trainer``'s iterations (it calls :meth:`begin_iteration` and
+        :meth:`end_iteration`): hooks into its train net, and reads the per-layer records of its
+        callbacks (``timings``: the exchange's) whenever an iteration ends. Called once, by the
+        wiring; an exchange times its device phases with CUDA events when the wiring makes it
+        with ``timed`` for a logged run."""
         self.net = trainer.net
-        self.exchange = trainer.exchange
-        if self.exchange is not None:
-            self.exchange.timed = True      # its device phases get CUDA events only when logged
+        self.callbacks = trainer.callbacks
         self.clock = Clock()
         self.net.add_forward_hook(lambda i, layer: self.marks.append(("f", i, self.clock.mark())))
         self.net.add_backward_hook(lambda i, layer: self.marks.append(("b", i, self.clock.mark())))
@@ -97,8 +116,7 @@ class TimingLog:
         if self.clock is None or len(self.marks) < 2:
             return
         fwd, bwd = self._layer_times()
-        ex = self.exchange.timings if self.exchange is not None else None
-        ex = ex if ex is not None else ExchangeTimes()
+        ex = merged([cb.timings for cb in self.callbacks if cb.timings is not None])
         layers = []
         for i, layer in enumerate(self.net.layers):
             rec = {"name": layer.name, "type": layer.type,

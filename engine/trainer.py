@@ -180,11 +180,6 @@ class Trainer:
             if callback.pipeline(update):
                 self.pipelined = update
 
-    @property
-    def exchange(self):
-        """The first attached callback (the gradient exchange, when one is attached), or None."""
-        return self.callbacks[0] if self.callbacks else None
-
     def _after_backward(self, layer_index, layer):
         if self._last_pass:
             for cb in self.callbacks:

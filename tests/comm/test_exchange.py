@@ -2,6 +2,7 @@
 communication thread in backward order, errors with the layer's name, the per-layer timing
 record, and on the GPU the same bits as on the CPU."""
 import threading
+from types import SimpleNamespace
 
 import numpy
 import pytest
@@ -23,20 +24,40 @@ def test_shared_tensor_goes_with_its_lowest_layer_and_empty_tensors_are_left_out
 
 
 def _exchange(monkeypatch, asynchronous, codec="fp32"):
+    """A one-process exchange, every layer a bucket of its own, recording (step, thread,
+    layer) of each tensor's encode and decode (the codec's) and each bucket's sum (the
+    transport's)."""
     net = FakeNet(*make_tensors(0))
-    ex = Exchange(SingleProcessWorld(), parse_comm(f'codec: "{codec}" async: '
+    ex = Exchange(SingleProcessWorld(), parse_comm(f'codec: "{codec}" bucket_kb: 0 async: '
                                                    f'{str(asynchronous).lower()}'), net)
+    layer_of = {(sl.start, sl.stop): i for i, sls in net.layer_param_slices.items()
+                for _, sl in sls}
+    first = {sl.start: i for i, sls in net.layer_param_slices.items() for _, sl in sls[:1]}
     calls = []
-    for stage in ("_prepare", "_transfer", "_settle"):
-        def recording(future, run=getattr(ex, stage), stage=stage):
-            calls.append((stage, threading.current_thread().name, future.layer))
-            return run(future)
-        monkeypatch.setattr(ex, stage, recording)
+
+    def record(step, layer):
+        calls.append((step, threading.current_thread().name, layer))
+
+    for codec in (ex.codec, ex.fp32):
+        encode, decode = codec.encode, codec.decode
+        monkeypatch.setattr(codec, "encode", lambda grad, t, encode=encode: (
+            record("encode", layer_of[t.key]), encode(grad, t))[1])
+        monkeypatch.setattr(codec, "decode", lambda reduced, ctx, out, decode=decode: (
+            record("decode", layer_of.get(_key(net, out))), decode(reduced, ctx, out))[1])
+    for transport in ex.transports.values():
+        monkeypatch.setattr(transport, "sum", lambda buf, wire, between=None, real=transport.sum:
+                            (record("sum", None), real(buf, wire, between))[1])
     return net, ex, calls
 
 
-def _transfers(calls):
-    return [(thread, layer) for stage, thread, layer in calls if stage == "_transfer"]
+def _key(net, out):
+    """(start, stop) of ``out``, a view of the net's flat diff."""
+    start = (out.ctypes.data - net.flat_diff.ctypes.data) // out.itemsize
+    return (start, start + out.size)
+
+
+def _steps(calls, step):
+    return [(thread, layer) for s, thread, layer in calls if s == step]
 
 
 @pytest.mark.parametrize("asynchronous", [False, True])
@@ -46,14 +67,18 @@ def test_every_layer_once_per_iteration_in_backward_order(monkeypatch, asynchron
     for _ in range(2):
         iterate(ex, net)
     ex.close()
-    assert _transfers(calls) == 2 * [("caffe8-comm" if asynchronous else "MainThread", i)
-                                     for i in (3, 2, 0)]
-    # on the CPU the encode and the decode have stages of their own, so the link never waits
-    # for host work; each stage sees the layers in backward order
-    threads = {"_prepare": "caffe8-encode", "_settle": "caffe8-update"}
-    for stage in threads:
-        assert [c[1:] for c in calls if c[0] == stage] == 2 * [
-            (threads[stage] if asynchronous else "MainThread", i) for i in (3, 2, 0)]
+    # one sum per layer (its bucket) on the communication thread; on the CPU the encode and
+    # the decode have stages of their own, so the link never waits for host work; each stage
+    # sees the layers' tensors in backward order
+    threads = {"encode": "caffe8-encode", "sum": "caffe8-comm", "decode": "caffe8-update"}
+    order = [3, 2, 2, 0]                            # layer 2 has two tensors
+    for step, thread in threads.items():
+        layers = [3, 2, 0] if step == "sum" else order
+        assert [t for t, _ in _steps(calls, step)] == \
+            2 * len(layers) * [thread if asynchronous else "MainThread"]
+        if step != "sum":
+            assert [layer for _, layer in _steps(calls, step)] == 2 * layers
+    assert len(_steps(calls, "sum")) == 2 * 3
     assert numpy.array_equal(net.flat_diff, grads)       # the mean over one process, exactly
     assert ex.iteration == 2 and ex.timings.asynchronous is asynchronous
     assert set(ex.timings.layers) == {0, 2, 3}
@@ -66,7 +91,8 @@ def test_a_layer_whose_hook_never_came_is_exchanged_before_the_update(monkeypatc
     net, ex, calls = _exchange(monkeypatch, asynchronous)
     iterate(ex, net, layers=[3, 0])
     ex.close()
-    assert [layer for _, layer in _transfers(calls)] == [3, 0, 2]
+    assert [layer for _, layer in _steps(calls, "encode")] == [3, 0, 2, 2]
+    assert [layer for _, layer in _steps(calls, "decode")] == [3, 0, 2, 2]
 
 
 def test_an_error_surfaces_with_the_layer_name_and_stops_the_exchange(monkeypatch):
@@ -85,7 +111,7 @@ def test_an_error_surfaces_with_the_layer_name_and_stops_the_exchange(monkeypatc
         iterate(ex, net)
     ex.close()
     assert len(sums) == 1                                # no MPI traffic after the failure
-    assert not [c for c in calls if c[0] == "_settle"]   # nothing decoded from a failed sum
+    assert not _steps(calls, "decode")                   # nothing decoded from a failed sum
 
 
 @pytest.mark.parametrize("asynchronous", [False, True])
@@ -158,8 +184,7 @@ def test_gpu_path_gives_the_bits_of_the_host_path(codec, asynchronous):
             if gpu:
                 net.flat_diff = backend.cupy.asarray(net.flat_diff)
                 net.flat_data = backend.cupy.asarray(net.flat_data)
-            ex = Exchange(SingleProcessWorld(), parse_comm(text), net)
-            ex.timed = True                   # as a timing log sets it: CUDA events per phase
+            ex = Exchange(SingleProcessWorld(), parse_comm(text), net, timed=True)
             for step in range(3):
                 net.flat_diff[...] = backend.to_device(
                     numpy.concatenate(make_tensors(0, step=step)[0]), like=net.flat_diff)
@@ -173,19 +198,19 @@ def test_gpu_path_gives_the_bits_of_the_host_path(codec, asynchronous):
     assert numpy.array_equal(results[0], results[1])
 
 
-def test_steps_are_placed_at_construction_and_sync_mode_keeps_layers_apart_from_futures():
-    net = FakeNet(*make_tensors(0))
-    ex = Exchange(SingleProcessWorld(), parse_comm("async: false"), net)
-    assert ex.stages is Exchange.CPU_STAGES and ex.local_at_launch is False and ex.timed
+def test_steps_are_placed_at_construction_and_sync_mode_keeps_layers_apart_from_futures(
+        monkeypatch):
+    net, ex, calls = _exchange(monkeypatch, False)
+    assert [s.thread for s in ex.stages] == ["caffe8-encode", "caffe8-comm", "caffe8-update"]
+    assert ex.local_at_launch is False and ex.timed
     ex.on_start()
     for i in (3, 0):
         ex.on_backward(i)
-    assert ex._futures == [] and list(ex._launched) == [3, 0]     # layers noted, nothing run
-    seen = []
-    run = ex._run_inline
-    ex._run_inline = lambda futures: (seen.extend(futures), run(futures))
+    assert calls == []                                   # layers noted, nothing run
     ex.on_gradients_ready()
-    assert [f.layer for f in seen] == [3, 0, 2]                 # hooks in order, then missing
+    # hooks in the order they came, then the missing layer; every step on this thread
+    assert [layer for _, layer in _steps(calls, "encode")] == [3, 0, 2, 2]
+    assert {thread for _, thread, _ in calls} == {"MainThread"}
     ex.close()
 
 
@@ -198,7 +223,7 @@ def test_sum_codecs_encode_into_the_span_of_the_bucket_buffer_they_are_handed(co
     encode = ex.codec.encode
     ex.codec.encode = lambda grad, t: payloads.append((t, encode(grad, t))) or payloads[-1][1]
     iterate(ex, net)
-    host, _ = ex._buffers[(0, codec)]                           # one bucket: every tensor
+    host, _ = ex.bucket_buffer(0, ex.codec)                     # one bucket: every tensor
     assert len(payloads) == 4
     for t, (payload, _) in payloads:
         assert payload is t.out and payload.dtype == ex.codec.wire.dtype
@@ -239,8 +264,7 @@ def test_gpu_events_only_where_needed_unless_a_timing_log_asks(monkeypatch, time
             net.flat_diff = backend.cupy.asarray(net.flat_diff)
             net.flat_data = backend.cupy.asarray(net.flat_data)
             ex = Exchange(SingleProcessWorld(), parse_comm(f'codec: "{codec}" async: true '
-                                                           'strom_tau: 0.05'), net)
-            ex.timed = timed
+                                                           'strom_tau: 0.05'), net, timed=timed)
             marks, threads = [], []
             mark = Clock.mark
             monkeypatch.setattr(Clock, "mark",
@@ -257,3 +281,21 @@ def test_gpu_events_only_where_needed_unless_a_timing_log_asks(monkeypatch, time
             assert set(threads) == {"caffe8-comm" if codec == "strom" else "MainThread"}
     finally:
         backend.use_cpu()
+
+
+def test_the_step_between_stages_runs_per_tensor_on_its_part_of_the_piece():
+    """A bucket of two tensors (spans 0-5 and 5-12 of a 16-item buffer) whose contexts differ:
+    each gets its own part of the transport's piece, with its own context; the padding is left
+    alone."""
+    from caffe8.comm.exchange import BetweenStages, Trip
+    buffer = numpy.zeros(16, numpy.uint8)
+    calls = []
+    codec = SimpleNamespace(between_stages=lambda part, ctx: (calls.append(
+        ((part.ctypes.data - buffer.ctypes.data), part.size, ctx)), part.__iadd__(ctx)))
+    trips = [Trip(slice(0, 5), None, codec, None, None, at=0, host=buffer[0:5], ctx=1),
+             Trip(slice(5, 12), None, codec, None, None, at=5, host=buffer[5:12], ctx=2)]
+    between = BetweenStages(buffer, trips)
+    for piece in buffer.reshape(4, 4):                # every block a transport may hand over
+        between(piece)
+    assert calls == [(0, 4, 1), (4, 1, 1), (5, 3, 2), (8, 4, 2)]
+    assert buffer.tolist() == [1] * 5 + [2] * 7 + [0] * 4

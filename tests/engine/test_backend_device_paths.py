@@ -1,17 +1,14 @@
 """engine/backend.py's device paths without hidden costs: device random numbers from one
 counter-based kernel (its text run as C on the CPU against NumPy's Philox, and on a GPU),
-``out += a @ b`` as one GEMM with beta = 1, and the timing log asking the exchange for CUDA
-events."""
+and ``out += a @ b`` as one GEMM with beta = 1."""
 import ctypes
 import shutil
 import subprocess
-from types import SimpleNamespace
 
 import numpy
 import pytest
 
 from caffe8.engine import backend
-from caffe8.engine.timing import TimingLog
 
 
 _HOST_SHIM = r"""
@@ -66,17 +63,6 @@ def test_device_uniform_kernel_is_numpys_philox_stream(tmp_path, dtype):
     assert not numpy.array_equal(call(1, 64), call(2, 64))
     u = call(7, 200_000)
     assert abs(u.mean() - 0.5) < 0.005 and abs(u.var() - 1 / 12) < 0.002
-
-
-def test_the_timing_log_turns_the_exchanges_device_timing_on(tmp_path):
-    hooks = []
-    net = SimpleNamespace(add_forward_hook=hooks.append, add_backward_hook=hooks.append)
-    exchange = SimpleNamespace(timed=False)
-    log = TimingLog(str(tmp_path / "t.jsonl"))
-    log.attach(SimpleNamespace(net=net, exchange=exchange))
-    assert exchange.timed is True and len(hooks) == 2
-    log.attach(SimpleNamespace(net=net, exchange=None))      # no exchange: nothing to switch
-    log.close()
 
 
 @pytest.mark.gpu

@@ -35,7 +35,7 @@ net = FakeNet(grads, w)
 ex = Exchange(world, parse_comm('codec: "fp32" processes_per_node: 2 async: false bucket_kb: 0'),
               net)
 before = net.flat_diff.copy()
-ex._run_inline([ex.launch(2)])        # layer 2 alone: with bucket_kb 0 it is its own bucket
+ex.run_now([ex.launch(2)])            # layer 2 alone: with bucket_kb 0 it is its own bucket
 touched = numpy.zeros(net.flat_diff.size, bool)
 for _, sl in net.layer_param_slices[2]:
     touched[sl] = True
@@ -63,11 +63,11 @@ assert numpy.array_equal(net.flat_diff, second), "fp8 exchange is not repeatable
 # emulated node share this machine's memory), so its intra-node stages ran in shared memory
 hier = ex.transports["hierarchical"]
 assert hier.arena is not None, hier.shared_reason
-fp8_buffers = [host for (key, codec), (host, _) in ex._buffers.items() if codec == "fp8"]
+fp8_buffers = [ex.bucket_buffer(b, ex.codec)[0] for b in range(len(ex.buckets))]
 assert fp8_buffers and all(hier.arena.holds(b) for b in fp8_buffers)
 # the float32 warm-up's buffers are private (the arena is sized for the configured codec only)
 assert hier.arena.segment < sum(b.nbytes for b in fp8_buffers) + 4096 + 64 * len(fp8_buffers)
-warm = [host for (key, codec), (host, _) in ex._buffers.items() if codec == "fp32"]
+warm = [ex.bucket_buffer(b, ex.fp32)[0] for b in range(len(ex.buckets))]
 assert not any(hier.arena.holds(b) for b in warm)
 assert any("hierarchical: node-shared" in line for line in ex.shared_memory_summary())
 
