@@ -2,7 +2,7 @@
 import numpy
 
 from caffe8 import io
-from caffe8.pynet import Net
+from caffe8.pynet import Net, require_weights
 
 
 class Classifier(Net):
@@ -12,6 +12,7 @@ class Classifier(Net):
 
     def __init__(self, model_file, pretrained_file, image_dims=None, mean=None,
                  input_scale=None, raw_scale=None, channel_swap=None):
+        require_weights("Classifier", pretrained_file)
         super().__init__(model_file, pretrained_file, "TEST")
         in_ = self.inputs[0]
         self.transformer = io.image_transformer(in_, self.blobs[in_].shape, mean, input_scale,

@@ -9,7 +9,7 @@ import argparse
 import os
 import sys
 
-from caffe8.engine.errors import CaffeError
+from caffe8.engine.errors import CaffeError, relative_to_cwd
 from caffe8.wiring import launched_by_mpiexec, make_world
 
 
@@ -90,7 +90,8 @@ def _check_readable(flag, path):
         with open(path, "rb"):
             pass
     except OSError as e:
-        raise CaffeError(f"{flag} {path}: cannot be read: {e.strerror}") from None
+        raise CaffeError(f"{flag} {path}: cannot be read: {e.strerror}{relative_to_cwd(path)}") \
+            from None
 
 
 def _check_writable(flag, path, folder):
@@ -256,7 +257,13 @@ def cmd_time(args):
     select_device(args.gpu, None, 0, world, log)
     _apply_tf32(args, log)
     level, stages = _net_state(args)
-    run_time(_filtered_model(args.model, level, stages), args.iterations, log, phase=args.phase)
+    model = _filtered_model(args.model, level, stages)
+    if args.data_shape:  # data layers become Input layers of their shapes, as inspect's
+        from caffe8.engine.prototxt import parse_file
+        from caffe8.inspect import resolve_data_layers
+        model = resolve_data_layers(parse_file(model) if isinstance(model, str) else model,
+                                    dict(args.data_shape))
+    run_time(model, args.iterations, log, phase=args.phase)
     return 0
 
 
@@ -373,6 +380,11 @@ def build_parser():
     m.add_argument("--model", required=True, help="net prototxt")
     m.add_argument("--iterations", type=int, default=50)
     m.add_argument("--phase", default="TRAIN", choices=["TRAIN", "TEST"])
+    from caffe8.inspect import _shape_arg
+    m.add_argument("--data-shape", "--data_shape", dest="data_shape", action="append",
+                   type=_shape_arg, default=[], metavar="TOP=d0,d1,...",
+                   help="time without the data: the data layer whose top this is becomes an "
+                   "Input layer of this shape (repeatable; its label follows the batch)")
     m.add_argument("--tf32", action="store_true",
                    help="allow TensorFloat-32 math in float32 GEMMs and convolutions (GPU)")
     _add_state(m)

@@ -7,7 +7,7 @@ that, once warped to the net's input, p pixels of surrounding context border it 
 import numpy
 
 from caffe8 import io
-from caffe8.pynet import Net
+from caffe8.pynet import Net, require_weights
 from caffe8.engine.errors import CaffeError
 
 
@@ -17,6 +17,7 @@ class Detector(Net):
 
     def __init__(self, model_file, pretrained_file, mean=None, input_scale=None,
                  raw_scale=None, channel_swap=None, context_pad=None):
+        require_weights("Detector", pretrained_file)
         super().__init__(model_file, pretrained_file, "TEST")
         in_ = self.inputs[0]
         self.transformer = io.image_transformer(in_, self.blobs[in_].shape, mean, input_scale,

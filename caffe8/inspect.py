@@ -21,6 +21,7 @@ from caffe8.engine.schema import SCHEMA
 
 
 def _shape_arg(text):
+    """``NAME=d0,d1,...`` of ``--data-shape`` → (NAME, shape)."""
     name, _, dims = text.partition("=")
     try:
         shape = tuple(int(d) for d in dims.split(",") if d.strip())
@@ -118,7 +119,8 @@ def known_shapes(layer):
 
 def resolve_data_layers(model, given):
     """The NetParameter with each data layer whose tops all have shapes (``given``, else its
-    own parameters) swapped for an Input layer; the others stay and read their data."""
+    own parameters; a label not given is one per item of the given data) swapped for an Input
+    layer; the others stay and read their data."""
     from caffe8.engine.net_graph import swap_data_layers
     out = model.copy()
     layers = []
@@ -126,6 +128,8 @@ def resolve_data_layers(model, given):
         if layer.type in DATA_LAYER_TYPES and layer.type not in ("Input", "DummyData"):
             shapes = known_shapes(layer)
             shapes.update({t: s for t, s in given.items() if t in layer.top})
+            if len(layer.top) == 2 and layer.top[0] in given and layer.top[1] not in given:
+                shapes[layer.top[1]] = given[layer.top[0]][:1]  # the label: one per item
             if all(t in shapes for t in layer.top):
                 single = out.copy()
                 single.layer = [layer]

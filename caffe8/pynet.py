@@ -130,6 +130,9 @@ def _parse_net_args(args, kwargs):
                          "network_file, phase, weights, level, stages")
     model, rest = args[0], list(args[1:])
     weights, phase = kwargs.get("weights"), kwargs.get("phase")
+    if len(rest) >= 2 and rest[0] is None and str(rest[1]).upper() in PHASES + ("0", "1"):
+        raise CaffeError("Net(network_file, pretrained_file, phase): pretrained_file is None; "
+                         "give the weights file, or leave it out: Net(network_file, phase)")
     if rest and isinstance(rest[0], (str, os.PathLike)) and str(rest[0]).upper() not in PHASES:
         weights = rest.pop(0)  # the older Net(file, weights, phase)
     if rest:
@@ -143,6 +146,13 @@ def _parse_net_args(args, kwargs):
     if isinstance(stages, str):
         stages = [stages]
     return model, phase_name(phase), weights, int(level or 0), tuple(stages or ())
+
+
+def require_weights(who, pretrained_file):
+    """Classifier and Detector score with trained weights: a None file is one clear error."""
+    if pretrained_file is None:
+        raise CaffeError(f"{who}(model_file, pretrained_file): pretrained_file is None; give "
+                         "the trained weights (.caffemodel) to score with")
 
 
 class Net:
@@ -302,6 +312,9 @@ class Net:
         """Set output diffs from ``kwargs``, run backward from layer ``start`` down to ``end``,
         return {blob: diff} for the inputs (or ``end``'s bottoms) plus ``diffs``."""
         check_mode("Net.backward")
+        if not self._net.forwards:
+            raise CaffeError("Net.backward(): no forward pass has run on this net yet; call "
+                             "net.forward() first (backward reads what forward computed)")
         diffs = list(diffs or [])
         n = len(self._net.layers)
         start_i = n - 1 if start is None else self._layer_index(start, "backward start")

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 import numpy
 
-from caffe8.engine.errors import DataError
+from caffe8.engine.errors import DataError, relative_to_cwd
 from caffe8.engine.proto import caffe_pb2
 from caffe8.engine.proto.blobs import array_to_blob, blob_to_array, encode_varint  # noqa: F401
 
@@ -101,7 +101,7 @@ def decode_blob_proto(buf, where="<BlobProto>"):
 def read_mean_file(path):
     """The mean image of a ``.binaryproto`` file as a float32 (C, H, W) array."""
     if not os.path.isfile(path):
-        raise DataError(f"mean_file '{path}' does not exist")
+        raise DataError(f"mean_file '{path}' does not exist{relative_to_cwd(path)}")
     with open(path, "rb") as f:
         mean = decode_blob_proto(f.read(), where=f"mean_file '{path}'")
     if mean.ndim == 4 and mean.shape[0] == 1:

@@ -21,7 +21,7 @@ import shutil
 import tempfile
 import threading
 
-from caffe8.engine.errors import DataError
+from caffe8.engine.errors import DataError, relative_to_cwd
 
 #: backend names as the tools spell them (``-backend``); data_param.backend is upper case
 BACKENDS = ("lmdb", "leveldb")
@@ -177,7 +177,7 @@ def open_db(path, backend):
     """The shared read-only database at ``path``; ``backend`` is lmdb or leveldb (any case)."""
     backend = backend_name(backend, f"database '{path}'")
     if not os.path.exists(path):
-        raise DataError(f"{LABELS[backend]} '{path}' does not exist")
+        raise DataError(f"{LABELS[backend]} '{path}' does not exist{relative_to_cwd(path)}")
     key = (backend, os.path.realpath(path))
     with _OPEN_LOCK:
         if key in _OPEN:

@@ -5,6 +5,23 @@ field, raised before any collective starts, so every rank fails the same way.
 """
 
 
+def relative_to_cwd(path):
+    """``" (relative to the working directory /x)"`` for a relative path, else "": what a
+    path that is not found was looked up against (Caffe's paths are the working directory's)."""
+    import os
+    path = os.fspath(path)
+    return "" if os.path.isabs(path) else f" (relative to the working directory {os.getcwd()})"
+
+
+def did_you_mean(name, choices):
+    """``" (did you mean 'x'?)"`` naming the choice closest to a misspelt ``name``, else ""."""
+    import difflib
+    close = difflib.get_close_matches(name, list(choices), n=1, cutoff=0.6)
+    if not close:  # a case slip ("relu") is too far for difflib's ratio
+        close = [c for c in choices if c.lower() == name.lower()][:1]
+    return f" (did you mean '{close[0]}'?)" if close else ""
+
+
 class CaffeError(Exception):
     """Base class: a user-facing error whose message names the place of the problem."""
 

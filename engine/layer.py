@@ -17,7 +17,7 @@ import abc
 
 import numpy
 
-from caffe8.engine.errors import LayerError
+from caffe8.engine.errors import LayerError, did_you_mean
 from caffe8.engine.registry import registrar
 
 LAYERS = {}
@@ -38,10 +38,24 @@ def create_layer(layer_param, phase="TRAIN", dtype=numpy.float32):
         raise LayerError(layer_param.name, "no layer types are registered: import caffe8 (or the "
                          "layers package) before building a net")
     if cls is None:
-        raise LayerError(layer_param.name,
-                         f"unknown layer type '{layer_param.type}' at "
-                         f"{layer_param.location('type')}; known types: " + ", ".join(sorted(LAYERS)))
+        raise unknown_type(layer_param)
     return cls(layer_param, phase, dtype)
+
+
+def unknown_type(layer_param):
+    """The LayerError for a layer whose type is not registered: its place, the closest type."""
+    return LayerError(layer_param.name,
+                      f"unknown layer type '{layer_param.type}' at "
+                      f"{layer_param.location('type')}{did_you_mean(layer_param.type, LAYERS)}; "
+                      "known types: " + ", ".join(sorted(LAYERS)))
+
+
+def check_layer_types(layer_params):
+    """Every layer's type registered, checked before a net logs or builds anything (the
+    first unknown one raises :func:`unknown_type`'s error)."""
+    for layer_param in layer_params:
+        if layer_param.type not in LAYERS and LAYERS:
+            raise unknown_type(layer_param)
 
 
 class Layer(abc.ABC):

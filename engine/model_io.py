@@ -19,7 +19,7 @@ import h5py
 import numpy
 
 from caffe8.engine import backend, net_hdf5
-from caffe8.engine.errors import DataError
+from caffe8.engine.errors import DataError, relative_to_cwd
 from caffe8.engine.proto import caffe_pb2, read_message
 from caffe8.engine.proto.blobs import array_to_blob, blob_shape, blob_to_array, shape_matches
 from caffe8.engine.proto.convert import to_pb
@@ -106,7 +106,7 @@ def load_weights(net, path):
     content (HDF5's signature), whatever its name."""
     path = str(path)
     if not os.path.isfile(path):
-        raise DataError(f"{path}: model file does not exist")
+        raise DataError(f"{path}: model file does not exist{relative_to_cwd(path)}")
     if net_hdf5.is_hdf5(path):
         net_hdf5.copy_trained_layers(net, path)
     else:

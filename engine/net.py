@@ -21,7 +21,7 @@ import numpy
 from caffe8.engine import backend, model_io, net_hdf5
 from caffe8.engine.blob import Blob
 from caffe8.engine.errors import CaffeError, LayerError
-from caffe8.engine.layer import create_layer
+from caffe8.engine.layer import check_layer_types, create_layer
 from caffe8.engine.net_graph import filter_net, insert_splits, upgrade_net_input
 from caffe8.engine.message import paused_gc
 from caffe8.engine.prototxt import Message, parse_file, to_text
@@ -65,6 +65,7 @@ class Net:
         if not param.layer:  # an empty file, or only comments: nothing to run
             raise CaffeError(f"{param.location()}: net '{param.name}' has no layers "
                              f"(in phase {phase}); a net needs at least one")
+        check_layer_types(param.layer)  # before the log: a misspelt type is the one line shown
         self.param = insert_splits(param)
         self.name = self.param.name
         self._forward_hooks, self._backward_hooks = [], []
@@ -73,6 +74,7 @@ class Net:
             self._log("Initializing net from parameters: \n" + to_text(self.param))
         self._memory_used = 0
         self.layers = []
+        self.forwards = 0             # forward passes run (forward_from_to calls)
         self._pending_checks = []     # the layers' deferred checks of device data (defer_check)
         try:
             self._build(weights)
@@ -452,6 +454,7 @@ class Net:
         if self.layers:
             self._layer_range(start, end)
         self.run_pending_checks()
+        self.forwards += 1
         loss = 0.0
         for i in range(start, end + 1):
             layer = self.layers[i]

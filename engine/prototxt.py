@@ -17,7 +17,7 @@ import math
 import re
 
 from caffe8.engine import upgrade
-from caffe8.engine.errors import PrototxtError
+from caffe8.engine.errors import PrototxtError, did_you_mean, relative_to_cwd
 from caffe8.engine.message import Message, paused_gc  # noqa: F401  (Message re-exported)
 from caffe8.engine.schema import SCHEMA, ENUMS, FieldSpec  # noqa: F401  (FieldSpec re-exported)
 from caffe8.engine.validate import validate
@@ -166,7 +166,8 @@ class _Parser:
                 raise self.err(f"expected a field name, got {name!r}", i)
             spec = fields.get(name)
             if spec is None:
-                raise self.err(f"unknown field '{name}' in {msg._type}; valid fields: "
+                raise self.err(f"unknown field '{name}' in {msg._type}"
+                               f"{did_you_mean(name, fields)}; valid fields: "
                                + ", ".join(sorted(fields)), i)
             at = i
             i += 1
@@ -327,7 +328,8 @@ def parse_file(path, type_name="NetParameter"):
         with open(path, "rb") as f:
             raw = f.read()
     except OSError as e:
-        raise PrototxtError(f"{path}: cannot read prototxt: {e.strerror}") from None
+        raise PrototxtError(f"{path}: cannot read prototxt: {e.strerror}"
+                            f"{relative_to_cwd(path)}") from None
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:

@@ -68,9 +68,9 @@ def _forward_passes(net, iterations, on_batch):
 
 
 def _element_names(outputs):
-    """(display name, blob, loss weight) per output element: ``name`` or ``name[k]``."""
-    return [(name if vals.size == 1 else f"{name}[{k}]", name, w)
-            for name, vals, w in outputs for k in range(vals.size)]
+    """(blob name, loss weight) per output element: Caffe's tool prints each element of an
+    output under the blob's own name (``Batch 0, ip = 2`` once per element)."""
+    return [(name, w) for name, vals, w in outputs for _ in range(vals.size)]
 
 
 def run_test(model, weights, iterations, world, log):
@@ -78,34 +78,39 @@ def run_test(model, weights, iterations, world, log):
     rank 0's per-batch outputs and the means.
 
     Means are averaged over all ranks (each rank scores its own share of the data).
-    Returns {output name: mean} and the mean loss.
+    Returns {output name: its elements' means (a float for a single element)} and the mean loss.
     """
     if iterations < 1:
         raise CaffeError(f"--iterations must be >= 1, got {iterations}")
-    net = Net(model, phase="TEST", weights=weights, rank=world.rank, world=world.size)
+    net = Net(model, phase="TEST", weights=weights, rank=world.rank, world=world.size, log=log)
+    log(f"Running for {iterations} iterations.")
 
     def log_batch(i, outputs):
         values = numpy.concatenate([v for _, v, _ in outputs]) if outputs else []
-        for (label, _, _), v in zip(_element_names(outputs), values):
-            log(f"Batch {i}, {label} = {fmt(v)}")
+        for (name, _), v in zip(_element_names(outputs), values):
+            log(f"Batch {i}, {name} = {fmt(v)}")
 
     try:
         outputs, means, loss = average_outputs(net, iterations, world, log_batch)
     finally:
         net.close()  # join the data layers' prefetch threads before the process exits
     log(f"Loss: {fmt(loss)}")
-    names = _element_names(outputs)
-    for (label, _, w), v in zip(names, means):
+    for (name, w), v in zip(_element_names(outputs), means):
         suffix = f" (* {fmt(w)} = {fmt(w * v)} loss)" if w else ""
-        log(f"{label} = {fmt(v)}{suffix}")
-    return {label: float(v) for (label, _, _), v in zip(names, means)}, loss
+        log(f"{name} = {fmt(v)}{suffix}")
+    scores, start = {}, 0
+    for name, vals, _ in outputs:
+        element_means = [float(v) for v in means[start:start + vals.size]]
+        scores[name] = element_means[0] if vals.size == 1 else element_means
+        start += vals.size
+    return scores, loss
 
 
 def run_time(model, iterations, log, phase="TRAIN"):
     """Average per-layer forward and backward milliseconds over ``iterations`` (Caffe's ``time``)."""
     if iterations < 1:
         raise CaffeError(f"--iterations must be >= 1, got {iterations}")
-    net = Net(model, phase=phase)
+    net = Net(model, phase=phase, log=log)  # the net's setup log, as Caffe's tool writes it
     n = len(net.layers)
     fwd, bwd = numpy.zeros(n), numpy.zeros(n)
     log("Performing Forward")

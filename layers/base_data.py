@@ -27,7 +27,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy
 
 from caffe8.engine import backend
-from caffe8.engine.errors import DataError
+from caffe8.engine.errors import DataError, relative_to_cwd
 from caffe8.engine.glog import warning
 from caffe8.engine.layer import Layer
 from caffe8.engine.prefetch import CLOSE_TIMEOUT_S, Prefetcher
@@ -61,7 +61,7 @@ _BESIDE_NOTED = set()
 def read_list_file(path, what):
     """Non-blank lines of a list file as (line number, stripped text) pairs."""
     if not os.path.isfile(path):
-        raise DataError(f"{what} '{path}' does not exist")
+        raise DataError(f"{what} '{path}' does not exist{relative_to_cwd(path)}")
     with open(path, encoding="utf-8") as f:
         return [(n, line.strip()) for n, line in enumerate(f, 1) if line.strip()]
 

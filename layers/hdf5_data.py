@@ -18,7 +18,7 @@ finalises (``engine.prefetch``): h5py's global lock is never held by a thread th
 import h5py
 import numpy
 
-from caffe8.engine.errors import DataError
+from caffe8.engine.errors import DataError, relative_to_cwd
 from caffe8.engine.layer import register_layer
 from caffe8.layers.base_data import BaseDataLayer, read_list_file, resolve_listed_path
 
@@ -27,7 +27,8 @@ def _open_h5(path, listed_at):
     try:
         return h5py.File(path, "r")
     except FileNotFoundError:
-        raise DataError(f"HDF5 file '{path}' (listed at {listed_at}) does not exist") from None
+        raise DataError(f"HDF5 file '{path}' (listed at {listed_at}) does not exist"
+                        f"{relative_to_cwd(path)}") from None
     except OSError as e:
         raise DataError(f"HDF5 file '{path}' (listed at {listed_at}) cannot be read: {e}") from None
 

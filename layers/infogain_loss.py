@@ -16,7 +16,7 @@ import os
 
 from caffe8.engine import backend
 from caffe8.engine.datum import decode_blob_proto
-from caffe8.engine.errors import DataError
+from caffe8.engine.errors import DataError, relative_to_cwd
 from caffe8.engine.layer import Layer, register_layer
 from caffe8.layers.softmax_loss import (FLT_MIN, labelled_softmax, normalizer, reshape_class_loss,
                                         setup_loss_param)
@@ -25,7 +25,8 @@ from caffe8.layers.softmax_loss import (FLT_MIN, labelled_softmax, normalizer, r
 def read_infogain_matrix(path):
     """The matrix stored in a BlobProto file, as float32 of its stored shape."""
     if not os.path.isfile(path):
-        raise DataError(f"infogain matrix file '{path}' does not exist")
+        raise DataError(f"infogain matrix file '{path}' does not exist"
+                        f"{relative_to_cwd(path)}")
     with open(path, "rb") as f:
         return decode_blob_proto(f.read(), where=f"infogain matrix file '{path}'")
 

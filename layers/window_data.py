@@ -34,7 +34,7 @@ import os
 
 import numpy
 
-from caffe8.engine.errors import DataError
+from caffe8.engine.errors import DataError, relative_to_cwd
 from caffe8.engine.layer import register_layer
 from caffe8.engine.transformer import DataTransformer, decode_image, transform_param_with_legacy
 from caffe8.layers.base_data import BaseDataLayer, resolve_listed_path
@@ -50,7 +50,8 @@ def c_round(x):
 def parse_window_file(path, root_folder, fg_threshold, bg_threshold):
     """(images, fg windows, bg windows) from a Caffe window file; errors name file:line."""
     if not os.path.isfile(path):
-        raise DataError(f"window file (source) '{path}' does not exist")
+        raise DataError(f"window file (source) '{path}' does not exist"
+                        f"{relative_to_cwd(path)}")
     with open(path, encoding="utf-8") as f:
         tokens = [(n, tok) for n, line in enumerate(f, 1) for tok in line.split()]
     if not tokens:

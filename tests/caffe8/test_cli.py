@@ -28,6 +28,34 @@ def test_time_reports_every_layer(capsys):
     assert "Average Forward-Backward:" in err
 
 
+DATA_NET = """name: "no_data_here"
+layer { name: "mnist" type: "Data" top: "data" top: "label" include { phase: TRAIN }
+  transform_param { scale: 0.00390625 } data_param { source: "absent_lmdb" batch_size: 64 } }
+layer { name: "ip" type: "InnerProduct" bottom: "data" top: "ip"
+  inner_product_param { num_output: 3 weight_filler { type: "xavier" } } }
+layer { name: "loss" type: "SoftmaxWithLoss" bottom: "ip" bottom: "label" top: "loss" }
+"""
+
+
+def test_time_without_the_data_takes_the_data_shape(tmp_path, capsys, monkeypatch):
+    """``caffe8 time --data-shape``: the Data layer becomes an Input layer of that shape (its
+    label one per item), so a net is timed on a clone without its databases."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "net.prototxt").write_text(DATA_NET)
+    assert main(["time", "-model", "net.prototxt", "-iterations", "1"]) == 1
+    err = capsys.readouterr().err  # a relative path names the folder it was looked up in
+    assert f"'absent_lmdb' does not exist (relative to the working directory {tmp_path})" in err
+    assert main(["time", "-model", "absent.prototxt"]) == 1
+    assert f"absent.prototxt: cannot be read: No such file or directory (relative to the " \
+        f"working directory {tmp_path})" in capsys.readouterr().err
+    assert main(["time", "-model", "net.prototxt", "-iterations", "1",
+                 "--data-shape", "data=5,1,4,4"]) == 0
+    err = capsys.readouterr().err
+    assert "Top shape: 5 1 4 4 (80)" in err and "Top shape: 5 (5)" in err
+    assert re.search(r"mnist\tforward: [\d.e+-]+ ms\.", err)
+    assert "Average Forward-Backward:" in err
+
+
 def test_train_then_test_then_finetune(in_digits_cwd, tmp_path, capsys):
     solver = write_solver(tmp_path, max_iter=60, display=0, test_interval=0, test_iter=[], snapshot=0)
     assert main(["train", "--solver", solver]) == 0

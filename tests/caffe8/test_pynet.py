@@ -260,3 +260,18 @@ layer { name: "scale" type: "Python" bottom: "data" top: "out"
     numpy.testing.assert_allclose(net.backward(out=numpy.ones((2, 3)))["data"], 3.0)
     assert net.layers[1].type == "Python" and net.layers[1].phase == caffe.TEST
     assert net._net.layers[1].user.seen_phase == caffe.TEST  # set before setup, as pycaffe
+
+
+def test_backward_before_any_forward_and_none_weights_are_clear_errors(net_file):
+    net = caffe.Net(net_file, caffe.TRAIN)
+    with pytest.raises(CaffeError, match=r"Net.backward\(\): no forward pass has run"):
+        net.backward()
+    net.forward(data=numpy.ones((3, 4)), target=numpy.zeros((3, 2)))
+    assert net.backward()["data"].shape == (3, 4)  # after a forward it runs
+    with pytest.raises(CaffeError, match="pretrained_file is None; give the weights file, or "
+                                         r"leave it out: Net\(network_file, phase\)"):
+        caffe.Net(net_file, None, caffe.TEST)
+    for cls in (caffe.Classifier, caffe.Detector):
+        with pytest.raises(CaffeError, match=rf"^{cls.__name__}\(model_file, pretrained_file\): "
+                                             "pretrained_file is None"):
+            cls(net_file, None)

@@ -482,3 +482,21 @@ def test_loss_layer_without_a_top_gets_an_anonymous_one():
 def test_a_layer_that_is_not_a_loss_still_needs_its_tops():
     with pytest.raises(LayerError, match=r"layer 'd'.*produces exactly 1 top blob\(s\), got 0"):
         build(DATA + 'layer { name: "d" type: "NTDouble" bottom: "x" }\n')
+
+
+def test_an_unknown_layer_type_is_named_with_the_closest_before_any_log():
+    """A misspelt type fails before the net logs its ~200 setup lines, naming the place and the
+    registered type it resembles (a case slip too)."""
+    lines = []
+    text = ('layer { name: "in" type: "Input" top: "x" input_param { shape { dim: 1 } } }\n'
+            'layer { name: "act" type: "relu" bottom: "x" top: "x" }\n'
+            'layer { name: "s" type: "Sofmax" bottom: "x" top: "y" }\n')
+    with pytest.raises(LayerError, match=r"layer 'act': unknown layer type 'relu' at "
+                                         r"n\.prototxt:2:\d+ \(did you mean 'ReLU'\?\)"):
+        Net(parse_text(text, "n.prototxt"), log=lines.append)
+    assert lines == []
+    with pytest.raises(LayerError, match=r"'Sofmax'.*did you mean 'Softmax'"):
+        Net(parse_text(text.replace('"relu"', '"ReLU"'), "n.prototxt"))
+    with pytest.raises(LayerError) as err:
+        Net(parse_text(text.replace('"relu"', '"Zzyzx"'), "n.prototxt"))
+    assert "did you mean" not in str(err.value)

@@ -53,7 +53,8 @@ def test_enum_by_number_and_has():
 
 
 @pytest.mark.parametrize("text, line, col, words", [
-    ('layer {\n  nme: "x"\n}', 2, 3, ["unknown field 'nme'", "LayerParameter", "name", "type"]),
+    ('layer {\n  nme: "x"\n}', 2, 3, ["unknown field 'nme'", "LayerParameter", "name", "type",
+                                     "(did you mean 'name'?)"]),
     ('layer {\n  name: "x"\n', 3, 1, ["missing '}'"]),
     ('layer { pooling_param { pool: FOO } }', 1, 31, ["MAX", "AVE", "FOO"]),
     ('layer { name: x }', 1, 15, ["quoted string"]),
@@ -70,6 +71,15 @@ def test_errors_name_file_line_col(text, line, col, words):
     assert msg.startswith(f"net.prototxt:{line}:{col}:"), msg
     for w in words:
         assert w in msg
+
+
+def test_a_misspelt_solver_field_names_the_closest():
+    with pytest.raises(PrototxtError, match=r"^s\.prototxt:2:1: unknown field 'max_iters' in "
+                                            r"SolverParameter \(did you mean 'max_iter'\?\)"):
+        parse_text('base_lr: 0.1\nmax_iters: 10\n', "s.prototxt", "SolverParameter")
+    with pytest.raises(PrototxtError) as e:
+        parse_text('qqqqq: 1\n', "s.prototxt", "SolverParameter")
+    assert "did you mean" not in str(e.value)
 
 
 def test_missing_file(tmp_path):

@@ -47,3 +47,29 @@ def test_each_rank_runs_its_share_and_the_means_average_over_ranks():
     assert [name for name, _, _ in outputs] == ["y"]
     numpy.testing.assert_allclose(means, [(1.0 + 6.0) / 4, (1.0 + 12.0) / 4])
     assert loss == 0.0
+
+
+class OneRank:
+    rank, size = 0, 1
+
+
+def test_caffe8_test_logs_each_element_under_the_blobs_own_name_as_caffe(tmp_path):
+    """BVLC's tools/caffe.cpp test(): ``Batch i, <output name> = score`` for every element
+    (no index), then ``<output name> = mean`` per element, weighted losses with their product."""
+    from caffe8.engine.tester import run_test
+    path = tmp_path / "t.prototxt"
+    path.write_text('layer { name: "in" type: "DummyData" top: "x" dummy_data_param { '
+                    'shape { dim: 2 } data_filler { type: "constant" value: 2 } } }\n'
+                    'layer { name: "p" type: "Power" bottom: "x" top: "ip" '
+                    'power_param { scale: 1.5 } }\n'
+                    'layer { name: "s" type: "Reduction" bottom: "x" top: "loss" '
+                    'loss_weight: 0.5 }\n')
+    lines = []
+    scores, loss = run_test(str(path), None, 2, OneRank(), lines.append)
+    assert "Network initialization done." in lines  # the net's setup log first, as Caffe's
+    lines = lines[lines.index("Running for 2 iterations."):]
+    assert lines == ["Running for 2 iterations.",
+                     "Batch 0, ip = 3", "Batch 0, ip = 3", "Batch 0, loss = 4",
+                     "Batch 1, ip = 3", "Batch 1, ip = 3", "Batch 1, loss = 4",
+                     "Loss: 2", "ip = 3", "ip = 3", "loss = 4 (* 0.5 = 2 loss)"]
+    assert scores == {"ip": [3.0, 3.0], "loss": 4.0} and loss == 2.0
