@@ -1,6 +1,7 @@
-"""Predictive model of data-parallel iteration time and speedup (Oyama et al.'s figure 7; the shape of
-the appendix model of Dettmers' "8-bit approximations for parallelism in deep learning": per-layer compute, per-message latency + size / bandwidth,
-and communication hidden under the backward of the layers still to come).
+"""The performance model: data-parallel iteration time and speedup from per-layer compute,
+per-message latency + size / bandwidth, and communication hidden under the backward of the
+layers still to come (Oyama et al.'s figure 7; the shape of the appendix model of Dettmers'
+"8-bit approximations for parallelism in deep learning").
 
 Units: seconds, bytes, elements. Inputs:
 
@@ -89,8 +90,10 @@ before a woken thread gets a busy core (MPI moves data only inside the watchdog'
 transfer beside busy threads goes slower than its CPU share), the GIL, contention for memory
 bandwidth beyond what the host rates were measured under, page faults of fresh arrays (DDP's
 gradients after zero_grad, the fp16 hook's casts) beyond their measured rates, and gloo's
-second worker thread (one here). scripts/perf_model.py's docstring gives the constants and how
-the model does against the measured runs.
+second worker thread (one here). studies/perf_model/validate.py's docstring gives the constants
+and how the model does against the measured runs.
+
+Predictions for a net of one's own: ``caffe8 perf_model`` (caffe8/tools/perf_model.py).
 """
 import json
 import math

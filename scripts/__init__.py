@@ -1,6 +1,7 @@
-"""The studies and tools around caffe8: benchmarks, figures, data preparation, generated nets.
+"""Dev tools and the product features still on their way into the package: the emulated
+cluster and caffe8-vs-DDP across it, caffe8-vs-PyTorch, the GPU check, net and proto generators.
 
-Run from the repository root as modules, e.g. ``python -m scripts.weak_scaling --help``; the
-helpers they share (runs of ``caffe8 train`` under mpiexec, CSV writing, timing logs) live in
-``scripts._runs``, the performance model in ``scripts.cost_model``.
+Run from the repository root as modules, e.g. ``python -m scripts.cluster_bench --help``; the
+helpers they and the studies (studies/) share (runs of ``caffe8 train`` under mpiexec, CSV
+writing, timing logs, figures) live in ``scripts._runs``.
 """

@@ -14,14 +14,14 @@ two tensors an in-place ``EmulatedCompute`` layer sleeps that layer's forward an
 backward runs in reverse order, so layer L's gradients become ready (and its exchange can start)
 only after L's emulated backward, with the later layers' exchanges already under way, as in
 CaffeNet on a GPU. The DummyData layer carries only the per-process batch (for throughput
-accounting by scripts/weak_scaling.py); nothing reads it.
+accounting by studies/scaling/weak_scaling.py); nothing reads it.
 
 ``--net googlenet`` writes the same for GoogLeNet: the 128 weight and bias tensors (13,378,280
 parameters) of every Convolution and InnerProduct of prototxt/googlenet/train_val.prototxt's TRAIN
 net, in its layer order, the two auxiliary classifiers (loss1/*, loss2/*) included where that net
 has them, at Oyama et al.'s per-process GoogLeNet batch of 32. Shapes and multiply-adds come from
 that net built by the engine at batch 1 with 224 x 224 inputs (multiply-adds by
-scripts.cost_model.layer_macs_from_net, as scripts/perf_model.py counts them). The Parameter layers
+caffe8.comm.perf_model.layer_macs_from_net, as studies/perf_model/validate.py counts them). The Parameter layers
 are named "<layer>_w" and "<layer>_b" after GoogLeNet's own layer names, '/' kept: the engine
 takes any quoted name, and HDF5 snapshots nest such names as groups and read them back.
 
@@ -31,11 +31,11 @@ breakdowns only as bar charts, with no per-layer numbers. The times here are a r
 estimate of one GK210 (half a Tesla K80, the paper's GPU): forward = 2 x MACs per sample x batch /
 (4.37 TFLOP/s peak x 0.5 efficiency), backward = 2 x forward (weight and input gradients; the
 first convolution computes no input gradient, so 1 x). For CaffeNet these are the per-layer
-inputs of scripts/perf_model.py's TSUBAME-KFC/DL model (``oyama``); they scale linearly with the
+inputs of studies/perf_model/validate.py's TSUBAME-KFC/DL model (``oyama``); they scale linearly with the
 batch, and the script prints them. ReLU, pooling, LRN, concatenation, dropout and the losses are
 left out (no MACs). GoogLeNet gets the same rule and efficiency, which makes its emulated compute
 lighter, relative to CaffeNet's, than on a real GPU (BVLC's timings give GoogLeNet 3.3 x
-CaffeNet's time per image for 2.2 x its multiply-adds; scripts/perf_model.py's ``fig7`` scales
+CaffeNet's time per image for 2.2 x its multiply-adds; studies/perf_model/validate.py's ``fig7`` scales
 GoogLeNet by that ratio, CAFFE_PUBLISHED_S_PER_SAMPLE, instead).
 """
 import argparse
@@ -86,11 +86,11 @@ _GOOGLENET = []                     # googlenet_shapes(), built once
 def googlenet_shapes():
     """(tensors, macs) of prototxt/googlenet/train_val.prototxt's TRAIN net, built by the engine
     at batch 1 with GOOGLENET_CROP inputs: tensors ((layer, weight shape, bias shape), ...) and
-    macs {layer: forward multiply-adds per sample} (scripts.cost_model.layer_macs_from_net), both
+    macs {layer: forward multiply-adds per sample} (caffe8.comm.perf_model.layer_macs_from_net), both
     in layer order, for every layer with a weight blob (Convolution, InnerProduct)."""
     if not _GOOGLENET:
         from caffe8.wiring import register_all
-        from scripts.cost_model import layer_macs_from_net
+        from caffe8.comm.perf_model import layer_macs_from_net
         from caffe8.engine.net import Net
         from caffe8.engine.net_graph import swap_data_layers
         from caffe8.engine.prototxt import parse_file
@@ -191,7 +191,7 @@ def solver_text(net="caffenet"):
             "# 13.4 M weights is CPU time a GPU run would not spend on the host. The poly",
             "# schedule runs out at max_iter. No test settings: the emulated net has nothing to",
             "# test. The comm block is Oyama et al.'s fp8 exchange with no float32 warm-up;",
-            "# scripts/weak_scaling.py overrides codec, async, processes_per_node and max_iter",
+            "# studies/scaling/weak_scaling.py overrides codec, async, processes_per_node and max_iter",
             "# in its copies.",
             'net: "train.prototxt"',
             "base_lr: 0.01",
@@ -209,7 +209,7 @@ def solver_text(net="caffenet"):
         "# CaffeNet's SGD settings (BVLC solver) on the emulated net, but weight_decay 0: the",
         "# losses are linear, and the decay pass over 61 M weights is CPU time a GPU run would",
         "# not spend on the host. The comm block is Oyama et al.'s fp8 exchange with no float32",
-        "# warm-up; scripts/weak_scaling.py overrides codec, async, processes_per_node and",
+        "# warm-up; studies/scaling/weak_scaling.py overrides codec, async, processes_per_node and",
         "# max_iter in its copies.",
         'net: "train.prototxt"',
         "base_lr: 0.01",
@@ -230,7 +230,7 @@ def read_groups(net):
     """[(name, [tensor shape, ...], forward ms, backward ms)] of a parsed emulated NetParameter:
     one entry per EmulatedCompute layer with the Parameter tensors since the previous one, in
     net order; tensors after the last get an entry "tail" of no compute. The one reader of the
-    format written here (scripts/cluster_bench.py's DDP side, scripts/perf_model.py's model)."""
+    format written here (scripts/cluster_bench.py's DDP side, studies/perf_model/validate.py's model)."""
     groups, pending = [], []
     for layer in net.layer:
         if layer.type == "Parameter":

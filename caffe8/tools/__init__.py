@@ -11,7 +11,7 @@ import importlib
 #: module names under caffe8.tools, in the order ``caffe8 --help`` lists them
 TOOLS = ("convert_imageset", "convert_mnist_data", "compute_image_mean", "extract_features",
          "upgrade_net_proto_text", "upgrade_net_proto_binary", "upgrade_solver_proto_text",
-         "draw_net", "plot_training_log")
+         "draw_net", "plot_training_log", "perf_model")
 
 
 def tool_modules():

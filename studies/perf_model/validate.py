@@ -1,45 +1,40 @@
-#!/usr/bin/env python
-"""Predicted iteration time and weak-scaling speedup (scripts/cost_model.py), and its validation.
+"""The performance model (caffe8.comm.perf_model) against published and measured runs.
 
-Usage (from the repository root)::
+Usage (from the repository root; predictions for a net of one's own: ``caffe8 perf_model``)::
 
-    # any net: per-layer times from a caffe8 timing log (or `caffe8 time` output), parameter
-    # sizes from the net, a network given on the command line
-    python -m scripts.perf_model predict --model prototxt/digits/train_val.prototxt \
-        --timing-log runs/x/timing.r0.jsonl --procs 2,4,8,16 --processes-per-node 2 \
-        --alpha-intra 2e-6 --beta-intra 5e9 --alpha-inter 5e-6 --beta-inter 1.25e9
-
-    # Oyama et al.'s CaffeNet weak scaling on TSUBAME-KFC/DL (figure 7: 192 GPUs, fp8 168x, float 114x)
-    python -m scripts.perf_model oyama --out docs/figures
+    # Oyama et al.'s CaffeNet weak scaling on TSUBAME-KFC/DL (figure 7: 192 GPUs, fp8 168x,
+    # float 114x)
+    python -m studies.perf_model.validate oyama --out docs/figures
 
     # figure 7 point by point (CaffeNet and GoogLeNet at 192 GPUs, float and fp8), with the
     # fp8 conversion on the GPU's compute path, and the sensitivity to single inputs
-    python -m scripts.perf_model fig7 --out docs/figures
+    python -m studies.perf_model.validate fig7 --out docs/figures
 
     # this machine: fit latency/per-element cost from a `caffe8 bench` CSV (2 ranks) and
     # predict the p = 2 runs of a weak_scaling.py output folder from their own per-layer times
-    python -m scripts.perf_model local --bench runs/allreduce_2r.csv --weak-dir runs/weak_gru
+    python -m studies.perf_model.validate local --bench runs/allreduce_2r.csv \
+        --weak-dir runs/weak_gru
 
-    # one measured run (e.g. scripts/overlap_bench.py output) vs the model fed its own
+    # one measured run (e.g. studies/scaling/overlap_bench.py output) vs the model fed its own
     # per-layer times: timing logs rank 0's first, comma separated
-    python -m scripts.perf_model check --model RUN/net.prototxt --codec fp8 --overlap \
+    python -m studies.perf_model.validate check --model RUN/net.prototxt --codec fp8 --overlap \
         --bench runs/allreduce_2r.csv \
         --timing-logs RUN/timing.rep0.r0.jsonl,RUN/timing.rep0.r1.jsonl
 
     # the emulated cluster: every round == "all" row of a scripts/cluster_bench.py CSV
     # predicted from the link rate, the emulated net's sleeps and tensors, the row's measured
     # one-process time and the host rates (HOST_RATES, or --measure them here first)
-    python -m scripts.perf_model cluster --csv docs/figures/cluster_bench.csv --out OUTDIR
+    python -m studies.perf_model.validate cluster --csv docs/figures/cluster_bench.csv --out OUTDIR
 
 ``oyama`` states every input it uses; see ``TSUBAME`` and ``paper_inputs`` below.
 
-``cluster``: the model is scripts.cost_model's module docstring ("The emulated cluster"); its inputs
-per row are the link rate, the net's emulated prototxt (EMULATED_NETS: sleeps and tensor sizes),
+``cluster``: the model is caffe8.comm.perf_model's module docstring ("The emulated cluster");
+its inputs per row are the link rate, the net's emulated prototxt (EMULATED_NETS: sleeps and tensor sizes),
 the row's measured one-process time (baseline_ms) and these constants, none fitted to an
 iteration time and none per variant: HOST_RATES (host passes of one core, measured with
 measure_host_rates; ``tcp``, the emulated link's CPU cost per byte, from one bucket's transfer in
 a timing log, TCP_REFERENCE), HOST_CORES (2, physical), ALPHA_COLLECTIVE (0.22 ms per collective,
-measured), ALPHA_SHARED (20 us, assumed), scripts.cost_model.TCP_PAYLOAD_EFFICIENCY (1448/1514,
+measured), ALPHA_SHARED (20 us, assumed), caffe8.comm.perf_model.TCP_PAYLOAD_EFFICIENCY (1448/1514,
 physical), DDP's bucket sizes (1 MiB, then 25 MiB: PyTorch's) and comm.bucket_kb (1024 KiB).
 
 Against docs/figures/cluster/caffenet_2x1.csv, googlenet_2x1.csv and caffenet_layouts.csv (38
@@ -61,10 +56,10 @@ import os
 import re
 import sys
 
-from scripts import cost_model as pm
+from caffe8.comm import perf_model as pm
 from scripts._runs import label_axes, pyplot, save_figure
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 MB = 1e6
 
 # TSUBAME-KFC/DL (Oyama et al., Table 2 and section 4.1) and what the model assumes beside it.
@@ -168,7 +163,7 @@ def net_layers(name, batch, efficiency=FIG7_GPU_EFFICIENCY, per_mac=False):
     The net's time per sample is CaffeNet's (its multiply-adds at ``efficiency`` of the peak)
     times the net's published time per sample over CaffeNet's (CAFFE_PUBLISHED_S_PER_SAMPLE);
     ``per_mac``: the net's own multiply-adds at ``efficiency`` instead (one efficiency per
-    multiply-add for every net). Split over the layers by scripts.cost_model.split_by_macs."""
+    multiply-add for every net). Split over the layers by caffe8.comm.perf_model.split_by_macs."""
     params, macs = _net_shapes(name)
     if per_mac:
         per_sample = _mac_seconds_per_sample(name, efficiency)
@@ -639,7 +634,7 @@ def emulated_layers(path):
     tensors after the last get a layer of no compute."""
     import math
     from caffe8.engine.prototxt import parse_file
-    from scripts.make_emulated_net import read_groups          # scripts/ (this file's folder)
+    from scripts.make_emulated_net import read_groups
     layers = [pm.LayerCost(name, fwd / 1e3, bwd / 1e3, [math.prod(s) for s in shapes])
               for name, shapes, fwd, bwd in read_groups(parse_file(path))]
     if not layers:
@@ -911,71 +906,9 @@ def measure_gloo_half_sum(n=1 << 23, repeats=5):
     return n / 2 / extra
 
 
-# --- predict ---------------------------------------------------------------------------------
-def predict(args):
-    from caffe8.wiring import register_all
-    from caffe8.engine.net import Net
-    register_all()
-    from caffe8.engine.net_graph import swap_data_layers
-    from caffe8.engine.prototxt import parse_file
-    model = parse_file(args.model)
-    if args.data_shape:
-        model = swap_data_layers(model, dict(args.data_shape))
-    params = pm.layer_params_from_net(Net(model, phase="TRAIN"))
-    if args.timing_log:
-        times = pm.layer_times_from_timing_log(args.timing_log, args.skip)
-    else:
-        with open(args.caffe_time, encoding="utf-8") as f:
-            times = pm.layer_times_from_caffe_time(f)
-    layers = pm.build_layers(times, params)
-    network = pm.Network(args.alpha_intra, args.beta_intra, args.alpha_inter, args.beta_inter,
-                         args.processes_per_node, args.beta_host)
-    rows = []
-    for codec in args.codecs.split(","):
-        cost = pm.CodecCost(pm.CODEC_BYTES[codec], args.reduce_rate,
-                            pm.INF if codec == "fp32" else args.convert_rate)
-        for p in args.procs:
-            it = pm.iteration_time(layers, cost, network, p, args.schedule, args.overlap,
-                                   args.update)
-            rows.append({"codec": codec, "p": p, "iteration_s": it["iteration"],
-                         "comm_s": it["comm"], "exposed_s": it["exposed"],
-                         "speedup": pm.weak_speedup(layers, cost, network, p, args.schedule,
-                                                    args.overlap, args.update)})
-            print(f"{codec:5s} p={p:4d}  iteration {it['iteration'] * 1e3:9.3f} ms  comm "
-                  f"{it['comm'] * 1e3:8.3f} ms  exposed {it['exposed'] * 1e3:8.3f} ms  "
-                  f"speedup {rows[-1]['speedup']:.2f}")
-    if args.csv:
-        _write_rows(rows, args.csv)
-    return 0
-
-
 def build_parser():
-    from caffe8.inspect import _shape_arg
-    from scripts._runs import int_list
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
-    p = sub.add_parser("predict", help="predict from a net, per-layer times and a network")
-    p.add_argument("--model", required=True, help="net prototxt (parameter sizes)")
-    p.add_argument("--data-shape", action="append", type=_shape_arg, default=[],
-                   metavar="TOP=d0,d1,...", help="swap data layers for Input (no data needed)")
-    src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--timing-log", help="caffe8 train --timing-log file (JSON lines)")
-    src.add_argument("--caffe-time", help="saved output of `caffe8 time` / `caffe time`")
-    p.add_argument("--skip", type=int, default=1, help="timing-log warm-up iterations to drop")
-    p.add_argument("--procs", type=int_list, default=[1, 2, 4, 8])
-    p.add_argument("--codecs", default="fp32,fp16,fp8")
-    p.add_argument("--schedule", choices=sorted(pm.SCHEDULES), default="hierarchical")
-    p.add_argument("--no-overlap", dest="overlap", action="store_false")
-    p.add_argument("--processes-per-node", type=int, default=1)
-    p.add_argument("--alpha-intra", type=float, default=2e-6, help="s per message step")
-    p.add_argument("--beta-intra", type=float, default=5e9, help="bytes/s per process")
-    p.add_argument("--alpha-inter", type=float, default=5e-6)
-    p.add_argument("--beta-inter", type=float, default=1.25e9, help="bytes/s of a node's link")
-    p.add_argument("--beta-host", type=float, default=pm.INF, help="D2H/H2D bytes/s (GPU)")
-    p.add_argument("--reduce-rate", type=float, default=pm.INF, help="reduction elements/s")
-    p.add_argument("--convert-rate", type=float, default=pm.INF, help="encode+decode elements/s")
-    p.add_argument("--update", type=float, default=0.0, help="update seconds per iteration")
-    p.add_argument("--csv")
     s = sub.add_parser("oyama",
                        help="CaffeNet on TSUBAME-KFC/DL vs Oyama et al.'s published numbers")
     s.add_argument("--out", default="", help="folder for perf_model_oyama.csv/.png")
@@ -1038,7 +971,7 @@ def cluster_main(args):
                                                   for k, v in sorted(rates.items())))
     for key, value in args.rate:
         if key not in HOST_RATES or not isinstance(value, float):
-            raise SystemExit(f"perf_model.py cluster: error: --rate {key}={value}: expected one "
+            raise SystemExit(f"studies.perf_model.validate cluster: error: --rate {key}={value}: expected one "
                              f"of {', '.join(HOST_RATES)} with a number")
         rates[key] = value
     nets = dict(args.net)
@@ -1052,8 +985,6 @@ def cluster_main(args):
 
 def main(argv=None):
     args = build_parser().parse_args(argv)
-    if args.cmd == "predict":
-        return predict(args)
     if args.cmd == "fig7":
         for r in fig7_points(args.out):
             plain = (f"plain model {r['model_plain']:.0f}x ({r['err_plain_pct']:+.1f}%) | "

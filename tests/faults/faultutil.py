@@ -14,10 +14,9 @@ import time
 
 import pytest
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.join(REPO, "scripts"))
+from tests.faults import exit_loop  # the exit-loop case and its runner
 
-import exit_loop  # noqa: E402  (the exit-loop case and runner live in scripts/exit_loop.py)
+REPO = exit_loop.REPO
 
 ERROR_LINE = re.compile(r"error:", re.IGNORECASE)
 

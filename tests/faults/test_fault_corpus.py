@@ -355,8 +355,8 @@ def test_hdf5_list_entries_resolve_against_the_working_directory(tmp_path, monke
 
 # --- a net of many layers ------------------------------------------------------------------------
 def test_net_of_many_layers_parses_and_builds_in_linear_time(tmp_path):
-    """30,000 layers of scripts.big_net's tower (14 MB), parsed, built and logged in one go.
-    A guard against quadratic work, not a speed target (scripts/big_net.py measures that):
+    """30,000 layers of studies.host.big_net's tower (14 MB), parsed, built and logged in one go.
+    A guard against quadratic work, not a speed target (studies/host/big_net.py measures that):
     ~7 s here; before issue 23's fix a learnable parameter's linear search alone made this
     a minute, and the 100,000-layer case never finished."""
     import io
@@ -364,7 +364,7 @@ def test_net_of_many_layers_parses_and_builds_in_linear_time(tmp_path):
     from caffe8.engine.glog import GLog
     from caffe8.engine.net import Net
     from caffe8.wiring import register_all
-    from scripts.big_net import write_net
+    from studies.host.big_net import write_net
     register_all()
     n = 30000
     path = tmp_path / "big.prototxt"

@@ -1,9 +1,11 @@
-"""scripts/ is a package run from the repository root as ``python -m scripts.<name>``: every
-module imports as ``scripts.<name>`` (no ``sys.path`` changes anywhere in it), every command
-has a ``main``, and ``-m`` runs one (its --help)."""
+"""scripts/ and studies/ are packages run from the repository root as ``python -m
+scripts.<name>`` and ``python -m studies.<folder>.<name>``: every module imports under that name
+(no ``sys.path`` changes anywhere in them), every command has a ``main``, ``-m`` runs one (its
+--help), and every study folder has its README naming the commands of its modules."""
 import ast
 import importlib
 import os
+import re
 import subprocess
 import sys
 
@@ -11,10 +13,15 @@ import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SCRIPTS = os.path.join(REPO, "scripts")
-LIBRARIES = ("_runs", "cost_model")       # shared modules, not commands
+STUDIES = os.path.join(REPO, "studies")
+LIBRARIES = ("_runs",)       # shared modules, not commands
 #: scripts that also run as files (``python scripts/x.py``) by a guarded path fix of their own
 FILE_MODE = ("gpu_check",)
 MODULES = sorted(f[:-3] for f in os.listdir(SCRIPTS) if f.endswith(".py") and f != "__init__.py")
+FOLDERS = sorted(d for d in os.listdir(STUDIES) if os.path.isdir(os.path.join(STUDIES, d))
+                 and not d.startswith("__"))
+STUDY_MODULES = sorted(f"{d}.{f[:-3]}" for d in FOLDERS for f in os.listdir(os.path.join(STUDIES, d))
+                       if f.endswith(".py") and f != "__init__.py")
 
 
 def path_changes(source):
@@ -46,9 +53,27 @@ def test_module_imports_from_the_package_without_path_changes(name):
         assert callable(getattr(module, "main", None)), f"scripts/{name}.py has no main()"
 
 
-@pytest.mark.parametrize("name", ["weak_scaling", "perf_model"])
+@pytest.mark.parametrize("name", STUDY_MODULES)
+def test_study_imports_as_a_module_with_a_main(name):
+    folder, module = name.split(".")
+    with open(os.path.join(STUDIES, folder, module + ".py"), encoding="utf-8") as f:
+        assert path_changes(f.read()) == [], f"studies/{folder}/{module}.py changes sys.path"
+    assert callable(getattr(importlib.import_module(f"studies.{name}"), "main", None))
+
+
+@pytest.mark.parametrize("folder", FOLDERS)
+def test_each_study_folder_has_a_readme_with_its_commands(folder):
+    with open(os.path.join(STUDIES, folder, "README.md"), encoding="utf-8") as f:
+        readme = f.read()
+    shown = set(re.findall(rf"python -m studies\.{folder}\.(\w+)", readme))
+    modules = {m.split(".")[1] for m in STUDY_MODULES if m.startswith(folder + ".")}
+    assert modules and shown == modules, (sorted(shown), sorted(modules))
+
+
+@pytest.mark.parametrize("name", ["scripts.cluster_bench", "studies.scaling.weak_scaling",
+                                  "studies.perf_model.validate"])
 def test_python_m_runs_a_script(name):
-    res = subprocess.run([sys.executable, "-m", f"scripts.{name}", "--help"], cwd=REPO,
+    res = subprocess.run([sys.executable, "-m", name, "--help"], cwd=REPO,
                          capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr[-2000:]
     assert res.stdout.startswith("usage: ")

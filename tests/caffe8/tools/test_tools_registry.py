@@ -8,7 +8,7 @@ FIRST_ARGUMENT = {"convert_imageset": "ROOTFOLDER/", "convert_mnist_data": "inpu
                   "compute_image_mean": "INPUT_DB", "extract_features": "pretrained_net_param",
                   "upgrade_net_proto_text": "IN", "upgrade_net_proto_binary": "IN",
                   "upgrade_solver_proto_text": "IN", "draw_net": "input_net_proto_file",
-                  "plot_training_log": "CHART_TYPE"}
+                  "plot_training_log": "CHART_TYPE", "perf_model": "--model"}
 
 
 def test_every_caffe_tool_is_registered():

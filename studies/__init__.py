@@ -1,0 +1,4 @@
+"""The studies that made docs' figures and tables: one folder each, with its README (what it
+measured, the commands, the docs that cite it) and its modules, run from the repository root as
+``python -m studies.<folder>.<module>``. They drive caffe8 as a user would and share the run
+helpers of ``scripts._runs``; their tests mirror them under tests/studies/."""

@@ -1,0 +1,1 @@
+"""Accuracy of the exchange variants: see README.md beside this file."""

@@ -1,0 +1,1 @@
+"""Gradients as the exchange sees them: see README.md beside this file."""

@@ -1,0 +1,1 @@
+"""Host speed: see README.md beside this file."""

@@ -1,0 +1,1 @@
+"""The papers' tables recomputed: see README.md beside this file."""

@@ -1,0 +1,1 @@
+"""Scaling and overlap: see README.md beside this file."""
