@@ -14,9 +14,9 @@ import os
 import statistics
 import sys
 
-from scripts import _runs
-
 from caffe8.engine.prototxt import to_text
+from scripts import _runs
+from studies.scaling._sweep import write_csv
 
 SOLVER = os.path.join(_runs.REPO, "prototxt", "overlap", "solver.prototxt")
 
@@ -98,7 +98,7 @@ def main(argv=None):
                  other_s=st["other"], ratio=ratio_async if m == "async" else ratio_sync,
                  ratio_without_other=core_async if m == "async" else core_sync)
             for m, st in stats.items()]
-    _runs.write_csv(rows, os.path.join(args.out, "overlap.csv"), fields=list(rows[0]))
+    write_csv(rows, os.path.join(args.out, "overlap.csv"), fields=list(rows[0]))
     return 0
 
 

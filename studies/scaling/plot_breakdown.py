@@ -23,7 +23,8 @@ import glob
 import os
 import sys
 
-from scripts._runs import pyplot, read_timing_log, save_figure, write_csv
+from scripts._runs import pyplot, read_timing_log, save_figure
+from studies.scaling._sweep import write_csv
 from caffe8.engine.errors import CaffeError
 
 SPLIT = ("ForwardBackward", "D2H", "Communication", "H2D", "Quantile", "Other")

@@ -13,7 +13,7 @@ of OUT.
 """
 import sys
 
-from scripts._runs import scaling_main
+from studies.scaling._sweep import scaling_main
 
 
 def main(argv=None):

@@ -16,7 +16,7 @@ round robin, pooling the iterations (for a shared, noisy machine).
 """
 import sys
 
-from scripts._runs import scaling_main
+from studies.scaling._sweep import scaling_main
 
 
 def main(argv=None):

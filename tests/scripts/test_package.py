@@ -20,8 +20,9 @@ FILE_MODE = ("gpu_check",)
 MODULES = sorted(f[:-3] for f in os.listdir(SCRIPTS) if f.endswith(".py") and f != "__init__.py")
 FOLDERS = sorted(d for d in os.listdir(STUDIES) if os.path.isdir(os.path.join(STUDIES, d))
                  and not d.startswith("__"))
+#: the studies' commands (a module whose name starts with "_" is a helper of its folder's)
 STUDY_MODULES = sorted(f"{d}.{f[:-3]}" for d in FOLDERS for f in os.listdir(os.path.join(STUDIES, d))
-                       if f.endswith(".py") and f != "__init__.py")
+                       if f.endswith(".py") and not f.startswith("_"))
 
 
 def path_changes(source):

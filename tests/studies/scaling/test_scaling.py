@@ -14,6 +14,7 @@ import pytest
 from caffe8.engine.errors import CaffeError
 from caffe8.engine.prototxt import parse_file
 from scripts import _runs
+from studies.scaling import _sweep as sweep
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__)))))
@@ -59,11 +60,11 @@ def test_run_prototxts_round_trip(tmp_path):
 
 def test_argument_parsers():
     assert _runs.int_list("1, 2,4") == [1, 2, 4]
-    assert _runs.bool_list("sync,async") == [False, True]
-    assert _runs.codec_list("float32,FP8,half") == ["fp32", "fp8", "fp16"]
-    assert _runs.emulate_spec("a=1:2,b=0.5:0") == {"a": (1.0, 2.0), "b": (0.5, 0.0)}
-    for bad, fn in (("0,1", _runs.int_list), ("maybe", _runs.bool_list),
-                    ("a=1", _runs.emulate_spec), ("algorithm", _runs.comm_settings)):
+    assert sweep.bool_list("sync,async") == [False, True]
+    assert sweep.codec_list("float32,FP8,half") == ["fp32", "fp8", "fp16"]
+    assert sweep.emulate_spec("a=1:2,b=0.5:0") == {"a": (1.0, 2.0), "b": (0.5, 0.0)}
+    for bad, fn in (("0,1", _runs.int_list), ("maybe", sweep.bool_list),
+                    ("a=1", sweep.emulate_spec), ("algorithm", _runs.comm_settings)):
         with pytest.raises(ValueError):
             fn(bad)
     with pytest.raises(CaffeError, match="quantile_interval=ten"):
@@ -72,10 +73,10 @@ def test_argument_parsers():
 
 def test_strong_batch_must_divide():
     args = type("A", (), {"global_batch": 6, "batch": 0})()
-    assert _runs.batch_for("strong", args, 4, 2) == 3
-    assert _runs.batch_for("weak", args, 4, 2) == 4
+    assert sweep.batch_for("strong", args, 4, 2) == 3
+    assert sweep.batch_for("weak", args, 4, 2) == 4
     with pytest.raises(CaffeError, match="not divisible by p = 4"):
-        _runs.batch_for("strong", args, 4, 4)
+        sweep.batch_for("strong", args, 4, 4)
 
 
 # --- real sweeps -----------------------------------------------------------------------------
