@@ -25,9 +25,7 @@ from caffe8 import wiring
 from caffe8.engine import model_io
 from caffe8.engine.net import Net
 from caffe8.engine.prototxt import parse_text
-
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-from tests.engine import trajectory, trajectory_nets  # noqa: E402  (the oracle's nets)
+from tests.engine import trajectory, trajectory_nets     # the oracle's nets (run from the repository)
 
 
 def _without_dropout(build):
