@@ -2,6 +2,19 @@
 import pytest
 
 
+def pytest_sessionstart(session):
+    from tests.faults import mpich_shm
+    session.config._mpich_shm_before = mpich_shm.mpich_files()
+
+
+def pytest_sessionfinish(session):
+    """MPICH's /dev/shm files that this session's jobs left (MPI_Abort, kill -9) are removed."""
+    from tests.faults import mpich_shm
+    before = getattr(session.config, "_mpich_shm_before", None)
+    if before is not None:
+        mpich_shm.remove_left(before)
+
+
 def pytest_configure(config):
     from caffe8.wiring import register_all
     register_all()  # what `import caffe8` does: tests build nets through engine directly

@@ -70,9 +70,11 @@ def _uses_digits(solver_path, solver_param):
     for field in ("net", "train_net"):
         if solver_param.has(field):
             path = resolve_path(getattr(solver_param, field), solver_path)
-            if os.path.isfile(path):  # else the Trainer reports it, naming the solver line
+            try:
                 with open(path, encoding="utf-8", errors="replace") as f:
                     texts.append(f.read())
+            except OSError:  # missing or unreadable: the Trainer reports it, naming the line
+                pass
     return any("data/digits/" in t for t in texts)
 
 

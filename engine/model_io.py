@@ -107,10 +107,17 @@ def load_weights(net, path):
     path = str(path)
     if not os.path.isfile(path):
         raise DataError(f"{path}: model file does not exist{relative_to_cwd(path)}")
-    if net_hdf5.is_hdf5(path):
-        net_hdf5.copy_trained_layers(net, path)
-    else:
-        copy_trained_layers_binary(net, path)
+    try:
+        if net_hdf5.is_hdf5(path):
+            net_hdf5.copy_trained_layers(net, path)
+        else:
+            copy_trained_layers_binary(net, path)
+    except DataError as e:  # a layer name used twice is the likely cause: say so
+        twice = next((note for name in dict.fromkeys(net.layer_names) if f"'{name}'" in str(e)
+                      for note in [net.name_used_twice(name)] if note), "")
+        if not twice:
+            raise
+        raise DataError(f"{e}{twice}") from None
 
 
 def save_model(net, path, fmt=None, write_diff=False):

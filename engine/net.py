@@ -32,6 +32,10 @@ PHASES = ("TRAIN", "TEST")
 #: bytes between the starts of two parameters in the flat buffers: cuDNN and cuBLAS then get
 #: pointers aligned as cudaMalloc's own (256), whatever the sizes of the parameters before
 PARAM_ALIGN = 256
+#: the setup log shows the parameters and the per-layer lines of this many layers; a larger
+#: net (a generated tower of 700,000 layers would log 21 million lines) gets one line for the
+#: rest instead
+LOG_LAYERS = 1000
 
 
 def phase_name(phase):
@@ -71,7 +75,7 @@ class Net:
         self._forward_hooks, self._backward_hooks = [], []
         self._before_forward_hooks, self._before_backward_hooks = [], []  # pycaffe's before_*
         if self._log:
-            self._log("Initializing net from parameters: \n" + to_text(self.param))
+            self._log_parameters()
         self._memory_used = 0
         self.layers = []
         self.forwards = 0             # forward passes run (forward_from_to calls)
@@ -79,7 +83,10 @@ class Net:
         try:
             self._build(weights)
         except BaseException:
-            self.close()  # the data layers built so far hold files (and maybe threads)
+            try:
+                self.close()  # the data layers built so far hold files (and maybe threads)
+            except Exception:  # noqa: BLE001  a layer whose setup failed half-way: the
+                pass           # build's own error is the one to report
             raise
 
     def _build(self, weights):
@@ -173,7 +180,11 @@ class Net:
                 top_names.append("(automatic)")
         if layer.is_data:
             layer.rank, layer.world = self.rank, self.world
-        if self._log:  # layer_factory's line, then net.cpp's (one write: 100,000-layer nets)
+        shown = self._log and i < LOG_LAYERS
+        if self._log and i == LOG_LAYERS:
+            self._log(f"... the setup of layers {LOG_LAYERS + 1} to {len(self.param.layer)} is "
+                      f"not logged layer by layer (the log shows the first {LOG_LAYERS})")
+        if shown:  # layer_factory's line, then net.cpp's (one write: 100,000-layer nets)
             self._log("\n".join([f"Creating layer {layer.name}", f"Creating Layer {layer.name}"]
                                 + [f"{layer.name} <- {name}" for name in bottoms]
                                 + [f"{layer.name} -> {name}" for name in layer_param.top]
@@ -190,18 +201,38 @@ class Net:
         for name in layer_param.top:
             self._blob_need_backward[name] = self._blob_need_backward.get(name, False) or need_backward
         if self._log:  # Caffe's setup section, so a Caffe user reads the shapes as usual
-            lines = []
-            for name, blob in zip(layer_param.top, top_vec):
-                dims = "".join(f"{d} " for d in blob.shape)  # Blob::shape_string
-                lines.append(f"Top shape: {dims}({blob.count})")
-                self._memory_used += blob.count
+            self._memory_used += sum(blob.count for blob in top_vec[:len(layer_param.top)])
+        if shown:
+            lines = [f"Top shape: {''.join(f'{d} ' for d in blob.shape)}({blob.count})"
+                     for blob in top_vec[:len(layer_param.top)]]  # Blob::shape_string
             lines.append(f"Memory required for data: {self._memory_used * self.dtype.itemsize}")
             self._log("\n".join(lines))
         return i
 
+    def _log_parameters(self):
+        """Caffe's "Initializing net from parameters" with the net's text (its first
+        ``LOG_LAYERS`` layers and a count of the rest, for a larger net)."""
+        layers = self.param.layer
+        if len(layers) <= LOG_LAYERS:
+            self._log("Initializing net from parameters: \n" + to_text(self.param))
+            return
+        self.param.layer = layers[:LOG_LAYERS]  # the text of the first ones, then put back
+        try:
+            text = to_text(self.param)
+        finally:
+            self.param.layer = layers
+        self._log(f"Initializing net from parameters: \n{text}\n... and {len(layers) - LOG_LAYERS} "
+                  "more layers")
+
     def _log_setup_end(self):
-        """Caffe's closing lines of Net::Init: backward needs (last layer first), outputs."""
-        for i in reversed(range(len(self.layers))):
+        """Caffe's closing lines of Net::Init: backward needs (last layer first; for a net of
+        more than ``LOG_LAYERS`` layers a count of those not shown), outputs."""
+        n = len(self.layers)
+        if n > LOG_LAYERS:
+            needs = sum(self.layer_need_backward[LOG_LAYERS:])
+            self._log(f"... of layers {LOG_LAYERS + 1} to {n}, {needs} need backward "
+                      "computation")
+        for i in reversed(range(min(n, LOG_LAYERS))):
             need = "needs" if self.layer_need_backward[i] else "does not need"
             self._log(f"{self.layer_names[i]} {need} backward computation.")
         for name in self.output_blob_names:
@@ -561,12 +592,23 @@ class Net:
                 continue
             if len(src.blobs) != len(layer.blobs):
                 raise LayerError(layer.name, f"incompatible number of blobs: {len(src.blobs)} in "
-                                 f"the source net, {len(layer.blobs)} here")
+                                 f"the source net, {len(layer.blobs)} here"
+                                 f"{other.name_used_twice(src.name)}")
             for k, (mine, s) in enumerate(zip(layer.blobs, src.blobs)):
                 if mine.shape != s.shape:
                     raise LayerError(layer.name, f"cannot share param {k}: source shape "
-                                     f"{s.shape}, target shape {mine.shape}")
+                                     f"{s.shape}, target shape {mine.shape}"
+                                     f"{other.name_used_twice(src.name)}")
                 mine.data = s.data
+
+    def name_used_twice(self, name):
+        """``"; the layer name 'x' is used 2 times (f:3:1, f:9:1) ..."`` when several layers of
+        this net share ``name`` (Caffe allows it, but weights go by name), else ""."""
+        places = [layer.layer_param.location() for layer in self.layers if layer.name == name]
+        if len(places) < 2:
+            return ""
+        return (f"; the layer name '{name}' is used {len(places)} times ({', '.join(places)}) "
+                "and weights are matched by name: give each layer its own")
 
     def owns_param(self, i, k):
         """True unless param ``k`` of layer ``i`` is shared from another layer's param."""

@@ -86,11 +86,13 @@ def check_value(spec, value):
 
 def place(msg, name=None, path=None):
     """Where field ``name`` of ``msg`` (the message itself for None) was written: its
-    ``file:line:col`` when it came from a prototxt, else its ``path`` from the message the
-    caller validated (default ``Type.name``, e.g. ``CommParameter.quantile``), as for messages
-    built in Python."""
+    ``file:line:col`` when it came from a prototxt (a field left unset: where its message
+    was), else its ``path`` from the message the caller validated (default ``Type.name``, e.g.
+    ``CommParameter.quantile``), as for messages built in Python."""
     if name in msg._locs:
         return msg.location(name)
+    if None in msg._locs:  # unset, in a message read from a file: the message's own place
+        return msg.location()
     return path or (f"{msg.type_name}.{name}" if name else msg.type_name)
 
 

@@ -22,6 +22,10 @@ from caffe8.layers.base_data import BaseDataLayer
 class DataLayer(BaseDataLayer):
     min_top = 1
     max_top = 2
+    #: the database and the read cursor, None until data_setup opens them (so that release(),
+    #: which a failed setup's cleanup calls too, finds them whatever setup reached)
+    db = None
+    cursor = None
 
     def data_setup(self, top):
         p = self.layer_param.data_param
@@ -38,7 +42,6 @@ class DataLayer(BaseDataLayer):
         if self.count <= self.rank:
             raise self.error(f"{self.what} has {self.count} record(s): none for rank "
                              f"{self.rank} of {self.world}")
-        self.cursor = None
         self.index = -1  # key-order index of the record under the cursor
         if p.rand_skip:  # skip whole records of this rank, as Caffe's rand_skip does
             for _ in range(int(self.shuffle_rng.integers(p.rand_skip))):
@@ -116,9 +119,9 @@ class DataLayer(BaseDataLayer):
         return lab
 
     def release(self):
-        if getattr(self, "db", None) is not None:
-            if self.cursor is not None:
-                self.cursor.close()
-                self.cursor = None
+        if self.cursor is not None:
+            self.cursor.close()
+            self.cursor = None
+        if self.db is not None:
             self.db.release()
             self.db = None

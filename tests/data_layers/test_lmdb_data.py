@@ -123,3 +123,22 @@ def test_legacy_and_new_transform_field_together_is_an_error(tmp_path):
     p = write_lmdb(tmp_path / "db", [encode_datum(1, 1, 1, b"\x01", 0)])
     with pytest.raises(CaffeError, match="scale is set both"):
         build(layer_text("Data", p, 1, transform="scale: 2", extra="scale: 3"))
+
+
+def test_an_empty_lmdb_is_one_error_naming_it_not_a_cleanup_traceback(tmp_path):
+    """An LMDB with no records fails in setup, before the read cursor exists; the Net's cleanup
+    of the half-built layer (release) must not hide that error (it raised AttributeError)."""
+    from caffe8.engine.net import Net
+    from caffe8.engine.prototxt import parse_text
+    path = write_lmdb(tmp_path / "empty_lmdb", [])["lmdb"]
+    layer = (f'name: "d" type: "Data" top: "x" top: "y" data_param {{ source: "{path}" '
+             'backend: LMDB batch_size: 2 }')
+    with pytest.raises(CaffeError, match=rf"^layer 'd' \(type Data\) at n\.prototxt:1:\d+: "
+                                         rf"LMDB '{path}' has 0 record\(s\)") as err:
+        Net(parse_text(f"layer {{ {layer} }}", "n.prototxt"))
+    assert not isinstance(err.value.__context__, AttributeError)
+    half = create_layer(parse_layer(layer))  # its setup opened the LMDB, then failed
+    with pytest.raises(CaffeError, match="has 0 record"):
+        half.setup([], [Blob((), numpy.float32), Blob((), numpy.float32)])
+    assert half.close() is True and half.db is None  # released, no AttributeError
+    create_layer(parse_layer(layer)).close()  # never set up: nothing to release

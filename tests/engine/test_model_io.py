@@ -293,3 +293,19 @@ def test_binaryproto_mean_file_both_directions(tmp_path):
     path = tmp_path / "theirs.binaryproto"
     path.write_bytes(theirs.SerializeToString())
     numpy.testing.assert_array_equal(read_mean_file(str(path)), mean)
+
+
+def test_a_weights_error_of_a_layer_name_used_twice_says_so(tmp_path):
+    from caffe8.engine.net import Net
+    from caffe8.engine.prototxt import parse_text
+    text = ('layer { name: "x" type: "Input" top: "x" input_param { shape { dim: 2 dim: 3 } } }\n'
+            'layer { name: "ip" type: "InnerProduct" bottom: "x" top: "a" '
+            'inner_product_param { num_output: 4 } }\n'
+            'layer { name: "ip" type: "InnerProduct" bottom: "a" top: "b" '
+            'inner_product_param { num_output: 2 bias_term: false } }\n')
+    net = Net(parse_text(text, "twice.prototxt"))
+    path = str(tmp_path / "w.caffemodel")  # (HDF5 refuses to write two layers of one name)
+    model_io.save_model(net, path)
+    with pytest.raises(DataError, match=r"layer 'ip'.*; the layer name 'ip' is used 2 times "
+                                        r"\(twice\.prototxt:2:\d+, twice\.prototxt:3:\d+\)"):
+        Net(parse_text(text, "twice.prototxt"), weights=path)

@@ -500,3 +500,27 @@ def test_an_unknown_layer_type_is_named_with_the_closest_before_any_log():
     with pytest.raises(LayerError) as err:
         Net(parse_text(text.replace('"relu"', '"Zzyzx"'), "n.prototxt"))
     assert "did you mean" not in str(err.value)
+
+
+def test_a_net_of_many_layers_logs_the_first_ones_and_a_summary():
+    """Past LOG_LAYERS layers the setup log says what it leaves out instead of six lines per
+    layer (a 700,000-layer tower logged 21.6 million lines); the net is built in full."""
+    from caffe8.engine import net as net_module
+    count = net_module.LOG_LAYERS + 200
+    text = ['layer { name: "in" type: "Input" top: "x" input_param { shape { dim: 2 } } }']
+    text += [f'layer {{ name: "r{k}" type: "ReLU" bottom: "x" top: "x" }}' for k in range(count)]
+    lines = []
+    net = Net(parse_text("\n".join(text), "tower.prototxt"), log=lambda m: lines.extend(
+        m.split("\n")))
+    assert len(net.layers) == count + 1
+    shown = net_module.LOG_LAYERS
+    assert sum(line.startswith("Setting up ") for line in lines) == shown
+    assert sum(line.startswith("Top shape: ") for line in lines) == shown
+    assert f"... the setup of layers {shown + 1} to {count + 1} is not logged layer by layer " \
+        f"(the log shows the first {shown})" in lines
+    assert f"... and {count + 1 - shown} more layers" in lines
+    assert sum(line.startswith("layer {") for line in lines) == shown  # the parameters' text
+    assert sum("backward computation." in line for line in lines) == shown
+    assert f"... of layers {shown + 1} to {count + 1}, 0 need backward computation" in lines
+    assert lines[-1] == "Network initialization done."
+    assert net.param.layer[-1].name == f"r{count - 1}"  # the text's cut left the net whole
