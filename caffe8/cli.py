@@ -49,6 +49,8 @@ def _logger(args, world):
     if log_dir and not path:  # glog's -log_dir: the INFO log as a file in that folder
         os.makedirs(log_dir, exist_ok=True)
         path = os.path.join(log_dir, f"caffe8.{args.command}.INFO")
+    if path and world.rank == 0:
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     log = GLog(path, enabled=(world.rank == 0))
     from caffe8.engine import backend
     backend.set_note_sink(log)  # one-time backend notes (cuDNN fallback, TF32) go to the log
@@ -69,14 +71,15 @@ def _apply_tf32(args, log):
 
 # --- file arguments, checked before any work -------------------------------------------------
 #: per command: argument dest -> "in" (a file to read), "in-list" (comma-separated files to
-#: read), "out" (a file to write), "dir" (a folder to write into, created when missing)
+#: read), "out" (a file to write), "log" (a file to write, its folder created when missing, as
+#: -log_dir's), "dir" (a folder to write into, created when missing)
 _FILE_ARGS = {"train": {"solver": "in", "snapshot": "in", "weights": "in-list",
                         "timing_log": "out"},
               "test": {"model": "in", "weights": "in"},
               "time": {"model": "in"},
               "inspect": {"model": "in"},
               "convert": {"src": "in", "dst": "out"}}
-_LOG_ARGS = {"log": "out", "log_dir": "dir"}
+_LOG_ARGS = {"log": "log", "log_dir": "dir"}
 
 
 def _flag(dest):
@@ -94,15 +97,16 @@ def _check_readable(flag, path):
             from None
 
 
-def _check_writable(flag, path, folder):
+def _check_writable(flag, path, folder, make_folder=False):
     """``path`` can be written as a file (``folder`` False) or used as a folder (True): it is
-    not the other kind, nothing on the way to it is a file, and (for a file) its folder exists."""
+    not the other kind, nothing on the way to it is a file, and (for a file) its folder exists
+    or (``make_folder``) can be made."""
     if os.path.exists(path) and os.path.isdir(path) != folder:
         kind = "a directory, not a file" if not folder else "a file, not a directory"
         raise CaffeError(f"{flag} {path}: is {kind}")
     parent = os.path.dirname(os.path.abspath(path))
     while not os.path.exists(parent):
-        if not folder:
+        if not folder and not make_folder:
             raise CaffeError(f"{flag} {path}: folder {os.path.dirname(path) or '.'} does not "
                              "exist")
         parent = os.path.dirname(parent)
@@ -128,7 +132,7 @@ def check_file_arguments(args):
         elif kind == "in":
             _check_readable(flag, str(value))
         else:
-            _check_writable(flag, str(value), folder=kind == "dir")
+            _check_writable(flag, str(value), folder=kind == "dir", make_folder=kind == "log")
 
 
 def _net_state(args):

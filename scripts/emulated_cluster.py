@@ -226,30 +226,35 @@ class EmulatedCluster:
 
     def down(self):
         """Kill every process in the cluster's namespaces and remove them, their hosts files and
-        the state. Safe to call when nothing (or only part) is up."""
+        the state. Safe to call when nothing (or only part) is up. Returns (namespaces
+        removed, processes killed)."""
         listed = _sh(["ip", "netns", "list"], check=False, capture=True) or ""
         ours = [line.split()[0] for line in listed.splitlines()
                 if line.split() and (line.split()[0].startswith(self.prefix + "-n")
                                      or line.split()[0] == self.switch)]
-        for ns in ours:
-            self._kill_all(ns)
+        killed = sum(self._kill_all(ns) for ns in ours)
         for ns in ours:
             _sh(["ip", "netns", "del", ns], check=False)
             shutil.rmtree(os.path.join(NETNS_ETC, ns), ignore_errors=True)
         shutil.rmtree(self.state_dir, ignore_errors=True)
+        return ours, killed
 
     @staticmethod
     def _kill_all(ns):
+        """SIGKILL every process of namespace ``ns`` until none is left; returns how many."""
+        seen = set()
         for _ in range(50):
             pids = (_sh(["ip", "netns", "pids", ns], check=False, capture=True) or "").split()
             if not pids:
-                return
+                return len(seen)
+            seen.update(pids)
             for pid in pids:
                 try:
                     os.kill(int(pid), signal.SIGKILL)
                 except (ProcessLookupError, ValueError):
                     pass
             time.sleep(0.05)
+        return len(seen)
 
     def __enter__(self):
         return self.up()
@@ -364,7 +369,12 @@ def _dispatch(args, ap):
               f"links {c.rate}{' + ' + c.delay + ' delay' if c.delay else ''}")
         return 0
     if args.verb == "down":
-        EmulatedCluster(prefix=args.prefix).down()
+        removed, killed = EmulatedCluster(prefix=args.prefix).down()
+        if removed:
+            print(f"down: removed {len(removed)} namespaces ({', '.join(removed)}), killed "
+                  f"{killed} processes")
+        else:
+            print(f"down: no emulated cluster '{args.prefix}' was up; nothing to remove")
         return 0
     if args.verb == "counters":
         print(json.dumps(EmulatedCluster.load(args.prefix).counters(), indent=1))

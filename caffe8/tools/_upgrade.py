@@ -1,9 +1,12 @@
 """What upgrade_net_proto_text / _binary and upgrade_solver_proto_text share (Caffe's
 tools/upgrade_*.cpp): read the file as Caffe does (protobuf's text or binary parser), upgrade it
-with ``engine.upgrade`` (V0/V1 ``layers`` → ``layer``, BatchNorm params; a solver's
-``solver_type`` enum → ``type``), and write it as WriteProtoToTextFile / WriteProtoToBinaryFile
-do (protobuf's own text format and serialisation). A file already in the latest format is
-logged as such ("File already in latest proto format") and written unchanged."""
+with ``engine.upgrade`` (V0/V1 ``layers`` → ``layer``, BatchNorm params, V0 ``input`` /
+``input_dim`` → an Input layer; a solver's ``solver_type`` enum → ``type``), and write it as
+WriteProtoToTextFile / WriteProtoToBinaryFile do (protobuf's text format as its C++ library
+prints it, floats included: ``1``, not Python's ``1.0``; its serialisation). A file already in
+the latest format is logged as such ("File already in latest proto format") and written
+unchanged."""
+import io
 from caffe8.engine.errors import CaffeError
 from caffe8.tools._common import logger, require_file
 
@@ -35,22 +38,57 @@ def read_pb(path, type_name, binary):
 def upgraded(pb, path):
     """The upgraded copy of NetParameter or SolverParameter ``pb``."""
     from caffe8.engine import upgrade
+    from caffe8.engine.net_graph import upgrade_net_input
     from caffe8.engine.proto.convert import from_pb, to_pb
+
+    def net(n):  # Caffe's UpgradeNetAsNeeded: layers, then the inputs into an Input layer
+        return upgrade_net_input(upgrade.upgrade_net(n))
     msg = from_pb(pb, str(path))
     if pb.DESCRIPTOR.name == "NetParameter":
-        msg = upgrade.upgrade_net(msg)
+        msg = net(msg)
     else:
         for field in ("net_param", "train_net_param"):
             if msg.has(field):
-                setattr(msg, field, upgrade.upgrade_net(getattr(msg, field)))
+                setattr(msg, field, net(getattr(msg, field)))
         if msg.has("test_net_param"):
-            msg.test_net_param = [upgrade.upgrade_net(n) for n in msg.test_net_param]
+            msg.test_net_param = [net(n) for n in msg.test_net_param]
         upgrade.upgrade_solver(msg)
     return to_pb(msg)
 
 
+def cpp_float(value, double=False):
+    """A float as protobuf's C++ text format prints it (SimpleFtoa / SimpleDtoa): 6 (15)
+    significant digits when they read back to the same value, else 9 (17); ``inf``, ``nan``."""
+    import math
+    import numpy
+    if math.isinf(value) or math.isnan(value):
+        return ("-" if value < 0 else "") + ("inf" if math.isinf(value) else "nan")
+    kind, digits = (numpy.float64, (15, 17)) if double else (numpy.float32, (6, 9))
+    value = float(kind(value))  # what the field holds
+    short = "%.*g" % (digits[0], value)
+    return short if kind(short) == value else "%.*g" % (digits[1], value)
+
+
+def cpp_text(pb, indent=0):
+    """``pb`` in protobuf's text format as the C++ library writes it (TextFormat::Print):
+    fields in number order, two spaces per level, floats by :func:`cpp_float`."""
+    from google.protobuf import descriptor, text_format
+    fd = descriptor.FieldDescriptor
+    pad, out = "  " * indent, io.StringIO()
+    for field, value in pb.ListFields():
+        for item in (value if field.is_repeated else [value]):
+            if field.type == fd.TYPE_MESSAGE:
+                out.write(f"{pad}{field.name} {{\n{cpp_text(item, indent + 1)}{pad}}}\n")
+            elif field.type in (fd.TYPE_FLOAT, fd.TYPE_DOUBLE):
+                out.write(f"{pad}{field.name}: {cpp_float(item, field.type == fd.TYPE_DOUBLE)}\n")
+            else:
+                out.write(f"{pad}{field.name}: ")
+                text_format.PrintFieldValue(field, item, out)
+                out.write("\n")
+    return out.getvalue()
+
+
 def run_upgrade(args, type_name, binary):
-    from google.protobuf import text_format
     log = logger()
     pb = read_pb(args.input, type_name, binary)
     new = upgraded(pb, args.input)
@@ -62,7 +100,7 @@ def run_upgrade(args, type_name, binary):
                 f.write(new.SerializeToString())
         else:
             with open(args.output, "w", encoding="utf-8") as f:
-                f.write(text_format.MessageToString(new))
+                f.write(cpp_text(new))
     except OSError as e:
         raise CaffeError(f"{args.output}: cannot write: {e.strerror}") from None
     form = "binary" if binary else "text"

@@ -110,6 +110,32 @@ def test_up_as_non_root_is_one_error_line(monkeypatch, capsys):
     assert err.count("\n") == 1 and err.startswith("emulated_cluster: error: needs root")
 
 
+def test_down_says_what_it_removed_or_that_nothing_was_up(monkeypatch, tmp_path, capsys):
+    """The namespaces ``ip netns`` lists under the prefix (and no other) are removed and
+    named, with the processes killed in them; with none, it says nothing was up."""
+    monkeypatch.setattr(ec, "STATE_ROOT", str(tmp_path))
+    pids = {"c8t-n0": ["101", "102"], "c8t-sw": []}
+    ran = []
+
+    def sh(argv, check=True, capture=False):
+        ran.append(argv)
+        if argv[:3] == ["ip", "netns", "list"]:
+            return "c8t-n0 (id: 1)\nc8t-sw (id: 0)\nc8tx-n0\nother\n"
+        if argv[:3] == ["ip", "netns", "pids"]:  # the processes, gone once killed
+            alive, pids[argv[3]] = pids[argv[3]], []
+            return "\n".join(alive)
+        return ""
+    monkeypatch.setattr(ec, "_sh", sh)
+    monkeypatch.setattr(ec.os, "kill", lambda pid, sig: None)
+    assert ec.main(["down", "--prefix", "c8t"]) == 0
+    assert capsys.readouterr().out == ("down: removed 2 namespaces (c8t-n0, c8t-sw), killed 2 "
+                                       "processes\n")
+    assert [a[3] for a in ran if a[:3] == ["ip", "netns", "del"]] == ["c8t-n0", "c8t-sw"]
+    monkeypatch.setattr(ec, "_sh", lambda *a, **k: "")
+    assert ec.main(["down", "--prefix", "c8t"]) == 0
+    assert capsys.readouterr().out == "down: no emulated cluster 'c8t' was up; nothing to remove\n"
+
+
 def test_bad_rate_on_the_command_line_is_one_error_line(capsys):
     assert ec.main(["up", "--rate", "fast", "--prefix", PREFIX]) == 1
     err = capsys.readouterr().err

@@ -73,7 +73,10 @@ def test_readme_section_commands_run(tmp_path):
             continue
         assert r.returncode == 0, f"{line}\n{r.stdout[-3000:]}"
     assert (tmp_path / "data/fashion_mnist/mean.binaryproto").exists()
-    for png in ("lenet_fashion_mnist_accuracy.png", "lenet.png"):
+    for png in ("lenet_accuracy.png", "lenet.png"):  # under runs/, the repository root clean
         if png == "lenet.png" and shutil.which("dot") is None:
             continue
-        assert (tmp_path / png).read_bytes()[:4] == b"\x89PNG"
+        assert (tmp_path / "runs" / "fashion_mnist" / png).read_bytes()[:4] == b"\x89PNG"
+    assert (tmp_path / "runs" / "fashion_mnist" / "lenet.log").exists()
+    made = {p.name for p in tmp_path.iterdir()} - {"prototxt", "short_solver.prototxt"}
+    assert made <= {"data", "runs"} | {p.name for p in tmp_path.glob("*-idx*-ubyte.gz")}, made

@@ -60,3 +60,69 @@ def test_bad_input_is_one_line(tmp_path, capsys):
     assert "bad: failed to parse input text file as NetParameter" in one_error_line(capsys)
     assert cli("upgrade_net_proto_binary", tmp_path / "none", tmp_path / "out") == 1
     assert "input file" in one_error_line(capsys) and not (tmp_path / "out").exists()
+
+
+V0_INPUT = """name: "v0"
+input: "data"
+input_dim: 1 input_dim: 3 input_dim: 4 input_dim: 4
+layers { layer { name: "conv1" type: "conv" num_output: 2 kernelsize: 3
+                 weight_filler { type: "gaussian" std: 0.01 } blobs_lr: 1 blobs_lr: 2
+                 weight_decay: 1 weight_decay: 0 } bottom: "data" top: "conv1" }
+"""
+# what BVLC's upgrade_net_proto_text writes for it (UpgradeNetInput's Input layer first;
+# C++ TextFormat prints floats with SimpleFtoa: 1, 0.01, 1.23456776)
+V0_UPGRADED = """name: "v0"
+layer {
+  name: "input"
+  type: "Input"
+  top: "data"
+  input_param {
+    shape {
+      dim: 1
+      dim: 3
+      dim: 4
+      dim: 4
+    }
+  }
+}
+layer {
+  name: "conv1"
+  type: "Convolution"
+  bottom: "data"
+  top: "conv1"
+  param {
+    lr_mult: 1
+    decay_mult: 1
+  }
+  param {
+    lr_mult: 2
+    decay_mult: 0
+  }
+  convolution_param {
+    num_output: 2
+    kernel_size: 3
+    weight_filler {
+      type: "gaussian"
+      std: 1.23456776
+    }
+  }
+}
+"""
+
+
+def test_v0_inputs_become_an_input_layer_and_floats_print_as_caffes(tmp_path):
+    (tmp_path / "old.prototxt").write_text(V0_INPUT.replace("std: 0.01", "std: 1.2345678"))
+    assert cli("upgrade_net_proto_text", tmp_path / "old.prototxt", tmp_path / "new") == 0
+    assert (tmp_path / "new").read_text() == V0_UPGRADED
+
+
+def test_cpp_float_is_protobufs_simple_ftoa():
+    from caffe8.tools._upgrade import cpp_float
+    # (value, as float, as double): 6 digits when they read back, else 9 (17 for doubles)
+    for value, as_float, as_double in [(1.0, "1", "1"), (0.01, "0.01", "0.01"),
+                                       (1e-05, "1e-05", "1e-05"), (100000.0, "100000", "100000"),
+                                       (1.2345678, "1.23456776", "1.2345678"),
+                                       (16777217.0, "16777216", "16777217"),
+                                       (0.1 + 0.2, "0.3", "0.30000000000000004"),
+                                       (float("-inf"), "-inf", "-inf")]:
+        assert (cpp_float(value), cpp_float(value, double=True)) == (as_float, as_double)
