@@ -14,9 +14,16 @@ ctypes. It is built with -O3 -fno-trapping-math -ffp-contract=off (see kernels.c
 chosen at run time, so one build runs on any x86-64 CPU. ``optional=True``: without a compiler the install
 still succeeds, and comm.kernels then compiles into ~/.cache/caffe8 at first use or falls back
 to NumPy.
+
+All three include ``engine/csrc/c8_kernels.h``, the dispatch block they share (``KERNEL``'s
+target_clones, ``C8_X86``, ``idx``, ``C8_ABI``): an include directory here, installed with the
+sources (package_data) for engine/native.py's run-time build.
 """
 from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
+
+
+_INCLUDE = ["engine/csrc"]          # = engine.native.INCLUDE_DIR
 
 
 class build_plain_library(build_ext):
@@ -30,18 +37,18 @@ setup(
     ext_modules=[Extension("caffe8.comm._kernels", sources=["comm/csrc/kernels.c"],
                            extra_compile_args=["-O3", "-std=c99", "-fno-trapping-math",
                                                "-ffp-contract=off"],
-                           optional=True),
+                           include_dirs=_INCLUDE, optional=True),
                  Extension("caffe8.solvers._solver_kernels", sources=["solvers/csrc/solver_kernels.c"],
                            extra_compile_args=["-O3", "-std=c99", "-fno-trapping-math",
                                                "-ffp-contract=off"],    # = solvers.native.CFLAGS
-                           optional=True),
+                           include_dirs=_INCLUDE, optional=True),
                  Extension("caffe8.layers._layer_kernels", sources=["layers/csrc/layer_kernels.c"],
                            extra_compile_args=["-O3", "-std=c99", "-fno-trapping-math",
                                                "-ffp-contract=off"],      # = layers.native.CFLAGS
-                           optional=True)],
+                           include_dirs=_INCLUDE, optional=True)],
     # the sources travel for the run-time fallback
     package_data={"caffe8.comm": ["csrc/*.c"], "caffe8.layers": ["csrc/*.c"],
-                  "caffe8.engine.proto": ["caffe.proto"],
+                  "caffe8.engine": ["csrc/*.h"], "caffe8.engine.proto": ["caffe.proto"],
                   "caffe8.solvers": ["csrc/*.c"]},
     cmdclass={"build_ext": build_plain_library},
 )

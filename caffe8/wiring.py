@@ -197,25 +197,9 @@ def _node_count(world, processes_per_node):
     return len(set(comm.allgather(socket.gethostname())))
 
 
-def _codec_details(codec, comm_param):
-    """The settings a codec was made with, as the exchange line names them."""
-    from caffe8.engine.glog import fmt
-    if codec == "fp8":
-        rounding = [] if comm_param.rounding == "nearest" else [f"{comm_param.rounding} rounding"]
-        return ["ratio" if comm_param.relative else "absolute",
-                f"q={fmt(comm_param.quantile)}"] + rounding
-    if codec == "aps":
-        return [comm_param.aps_format + (", Kahan" if comm_param.kahan else "")]
-    if codec == "dettmers":
-        return [comm_param.dettmers_type]
-    if codec == "strom":
-        return [f"tau={fmt(comm_param.strom_tau)}"]
-    return []
-
-
 def exchange_summary(exchange, comm_param, world):
     """One log line naming the gradient exchange that was built (``exchange``; None for one
-    process): its codec with the settings of the ``comm`` block it was made from, the transport
+    process): its codec with the settings it was made with (``codec.details()``), the transport
     constructed for that codec, processes, nodes and mode, e.g. ``Gradient exchange: fp8
     (ratio, q=0.95), hierarchical, 4 processes on 2 nodes, asynchronous``. Collective under MPI
     (the node count): every rank calls it.
@@ -224,7 +208,7 @@ def exchange_summary(exchange, comm_param, world):
         return "Gradient exchange: none (1 process)"
     codec = exchange.codec
     transport = next(t for t in exchange.transports.values() if t.reduction == codec.reduction)
-    details = _codec_details(codec.name, comm_param)
+    details = codec.details()
     if exchange.warmup_fp32_iters > 0 and codec.name != "fp32":
         details.append(f"fp32 for the first {exchange.warmup_fp32_iters} iterations")
     name = f"{codec.name} ({', '.join(details)})" if details else codec.name

@@ -24,6 +24,9 @@ the reduction (communication side, on the host)
     writes the MEAN gradient over the P processes into ``out``; ``reduced`` is the summed payload
     (sum codecs) or the list of the P payloads (gather codecs).
 
+A codec is one class: its steps above as methods, each one call whatever the device (the fp8
+codec's kernels choose their device in comm/fp8.py), and ``details()``, the settings it was made
+with as the log line ``Gradient exchange: ...`` names them (caffe8/wiring.exchange_summary).
 Codecs read their settings from the solver's parsed ``comm`` block (defaults: the schema);
 ``create_codec(name, comm, rank)`` instantiates one, ``CODECS`` lists them all.
 """
@@ -33,6 +36,7 @@ import numpy
 
 from caffe8.engine import backend
 from caffe8.engine.errors import SolverError
+from caffe8.engine.glog import fmt
 from caffe8.engine.registry import registrar
 from caffe8.comm import fp8, kernels
 from caffe8.comm.aps import NO_EXPONENT, ApsCompressor, local_peak, peak_exponent
@@ -101,6 +105,11 @@ class Codec:
 
     def bind(self, keys):
         """The keys of every tensor the exchange will send (codecs that treat some differently)."""
+
+    def details(self):
+        """The settings this codec was made with, as the exchange's log line names them, e.g.
+        ``["ratio", "q=0.95"]`` (none for a codec without settings)."""
+        return []
 
 
 def _xp(a):
@@ -179,7 +188,6 @@ class Fp8Codec(Codec):
         super().__init__(comm, rank)
         kernels.check_rounding(comm.rounding, "comm.rounding")
         self.relative, self.epsilon, self.rounding = comm.relative, comm.epsilon, comm.rounding
-        self.eps32 = float(numpy.float32(self.epsilon))
         self._between_tables = {}
         self.tracker = QuantileTracker(comm.quantile, comm.quantile_interval, comm.samples,
                                        seed=0, rank=rank,
@@ -188,6 +196,11 @@ class Fp8Codec(Codec):
     @property
     def quantile_interval(self):
         return self.tracker.interval
+
+    def details(self):
+        rounding = [] if self.rounding == "nearest" else [f"{self.rounding} rounding"]
+        return ["ratio" if self.relative else "absolute", f"q={fmt(self.tracker.quantile)}"] + \
+            rounding
 
     @property
     def wire(self):
@@ -226,18 +239,12 @@ class Fp8Codec(Codec):
         per = t.stages[0] * t.stages[1] if folded else t.stages[0]
         scale = float(numpy.float32(kernels.FP8_MAX / q / per))
         wire = t.out
-        if isinstance(grad, numpy.ndarray):
-            g = numpy.ascontiguousarray(grad, numpy.float32).reshape(-1)
-            if self.relative:
-                w = numpy.ascontiguousarray(t.weight, numpy.float32).reshape(-1)
-                kernels.encode_ratio_fp8(g, w, self.eps32, scale, wire, self.rounding)
-            else:
-                kernels.encode_fp8(g, wire, scale, self.rounding)
-        elif self.relative:
-            # ratio, scale and fp8 in one fused kernel into the wire: only bytes cross the bus
+        # ratio, scale and fp8 in one fused kernel into the wire (only bytes cross the bus), or
+        # float32(float32(grad) * scale): float64 nets too, on either device
+        if self.relative:
             fp8.encode_ratio(grad.ravel(), t.weight.ravel(), self.epsilon, scale, self.rounding,
                              out=wire)
-        else:       # float32(float32(grad) * scale), as the host kernels (float64 nets too)
+        else:
             fp8.encode_scaled(grad.ravel(), scale, self.rounding, out=wire)
         return wire, _Fp8Context(q, 1 if folded else t.stages[1], t.weight)
 
@@ -259,20 +266,12 @@ class Fp8Codec(Codec):
 
     def decode(self, wire, ctx, out):
         inv_scale = float(numpy.float32(ctx.q / kernels.FP8_MAX))
-        if not isinstance(out, numpy.ndarray):
-            codes = wire.reshape(out.shape)
-            fp8.widen_into(fp8.decode_ratio(codes, ctx.weight, self.epsilon, inv_scale)
-                           if self.relative else fp8.decode_scaled(codes, inv_scale), out)
-            return
-        direct = out.dtype == numpy.float32 and out.flags.c_contiguous
-        target = out.reshape(-1) if direct else numpy.empty(out.size, numpy.float32)
+        codes = wire.reshape(out.shape)
         if self.relative:
-            w = numpy.ascontiguousarray(ctx.weight, numpy.float32).reshape(-1)
-            kernels.decode_ratio_fp8(wire, w, self.eps32, inv_scale, target)
+            fp8.decode_ratio(codes, ctx.weight.reshape(out.shape), self.epsilon, inv_scale,
+                             out=out)
         else:
-            kernels.decode_fp8(wire, target, inv_scale)
-        if not direct:
-            out[...] = target.reshape(out.shape)
+            fp8.decode_scaled(codes, inv_scale, out=out)
 
     def state(self):
         return {"quantiles": [[int(k[0]), int(k[1]), float(q)]
@@ -298,8 +297,12 @@ class ApsCodec(Codec):
     def __init__(self, comm, rank=0):
         super().__init__(comm, rank)
         self.fp32_layers = comm.fp32_layers
+        self.format_name = comm.aps_format
         self.impl = ApsCompressor(comm.aps_format, comm.kahan, fp32_iters=comm.fp32_iters)
         self.exponents = {}
+
+    def details(self):
+        return [self.format_name + (", Kahan" if self.impl.kahan else "")]
 
     def bind(self, keys):
         self.impl.fp32_layers = frozenset(sorted(keys)[max(0, len(keys) - self.fp32_layers):]
@@ -338,6 +341,9 @@ class DettmersCodec(Codec):
         super().__init__(comm, rank)
         self.impl = DettmersCompressor(comm.dettmers_type)
 
+    def details(self):
+        return [self.impl.kind]
+
     def encode(self, grad, t):
         xp = _xp(grad)
         codes, (scale, _) = self.impl.compress(grad)
@@ -364,6 +370,10 @@ class StromCodec(Codec):
     def __init__(self, comm, rank=0):
         super().__init__(comm, rank)
         self.impl = StromCompressor(comm.strom_tau)
+        self.tau = comm.strom_tau
+
+    def details(self):
+        return [f"tau={fmt(self.tau)}"]
 
     def encode(self, grad, t):
         words, _ = self.impl.compress(grad, t.key)

@@ -17,10 +17,13 @@ keep the upper byte, infinity -> largest finite).
 
     s = fp8.add(a, b, rounding="oyama")    # uint8 codes + uint8 codes -> uint8 codes (the op)
 
-Implementations: NumPy arrays go through comm.kernels (the C kernels when they are built, else
-its vectorised NumPy fallback; the choice is made there only); CuPy arrays use one fused ElementwiseKernel per direction.
-float64 inputs go through the general exact encoder (comm.formats), since rounding them to
-float32 first could round twice.
+Implementations: each function is one call for either device. NumPy arrays go through
+comm.kernels (the fused C kernels when they are built, else its vectorised NumPy fallback; the
+choice is made there only); CuPy arrays use one fused ElementwiseKernel per direction. The
+codec's calls (``encode_ratio``, ``encode_scaled``, ``decode_ratio``, ``decode_scaled``) take an
+``out`` to write into, so the fp8 codec (comm/codecs.py) never asks which device it is on.
+float64 inputs of ``encode`` go through the general exact encoder (comm.formats), since
+rounding them to float32 first could round twice.
 """
 import numpy
 
@@ -259,9 +262,10 @@ def add(a, b, rounding="nearest"):
 def encode_ratio(grad, weight, eps, scale, rounding="nearest", out=None):
     """fp8 codes of ``grad / (|weight| + eps) * scale``, computed in float32 in that order.
 
-    grad, weight: float32 arrays of one shape (NumPy or CuPy); eps, scale: Python floats.
-    On CuPy this is one fused kernel (written into ``out``, a uint8 array of grad's shape, when
-    given); on NumPy the same float32 operations.
+    grad, weight: float arrays of one shape (NumPy or CuPy; float64 is first rounded to
+    float32); eps, scale: Python floats. One fused kernel on either device (comm.kernels'
+    ``encode_ratio_fp8`` on the host), written into ``out`` (a uint8 array of grad's size)
+    when given.
     """
     _check_rounding(rounding)
     xp = backend.get_array_module(grad, weight)
@@ -276,21 +280,34 @@ def encode_ratio(grad, weight, eps, scale, rounding="nearest", out=None):
     if gpu:
         kernel = _cuda_kernel("encode_ratio_" + _conversion(rounding))
         return kernel(g, w, eps32, scale32) if out is None else kernel(g, w, eps32, scale32, out)
-    ratio = g / (numpy.abs(w) + eps32)
-    ratio *= scale32
-    return _into(_encode_host(ratio, rounding), out)
+    target = _host_target(out, g.shape, numpy.uint8)
+    kernels.encode_ratio_fp8(numpy.ascontiguousarray(g).reshape(-1),
+                             numpy.ascontiguousarray(w).reshape(-1), float(eps32),
+                             float(scale32), target.reshape(-1), rounding)
+    return _finish(target, out)
 
 
-def _into(codes, out):
-    if out is None:
-        return codes
-    out[...] = codes
+def _host_target(out, shape, dtype):
+    """Where a host kernel writes: ``out`` itself when it is a C-contiguous array of ``dtype``
+    (any shape of that size), else a new array of ``shape``."""
+    if out is not None and isinstance(out, numpy.ndarray) and out.dtype == dtype and \
+            out.flags.c_contiguous:
+        return out
+    return numpy.empty(shape, dtype)
+
+
+def _finish(target, out):
+    """``target`` copied into ``out`` when it is not ``out`` itself (another dtype, layout or
+    shape of the same size); the result."""
+    if out is None or target is out:
+        return target if out is None else out
+    out[...] = target.reshape(out.shape)
     return out
 
 
 def encode_scaled(x, scale, rounding="nearest", out=None):
     """fp8 codes of ``float32(x) * float32(scale)`` (one float32 multiply, float64 ``x``
-    included, as comm.kernels' host encode), into ``out`` when given."""
+    included, as comm.kernels' host encode), into ``out`` (uint8, x's size) when given."""
     _check_rounding(rounding)
     xp = backend.get_array_module(x)
     if _is_gpu(xp):
@@ -298,21 +315,32 @@ def encode_scaled(x, scale, rounding="nearest", out=None):
         kernel = _cuda_kernel("encode_scaled_" + _conversion(rounding))
         scale32 = numpy.float32(scale)
         return kernel(x32, scale32) if out is None else kernel(x32, scale32, out)
-    x32 = xp.asarray(x, dtype=xp.float32)
-    return _into(_encode_host(x32, rounding, float(numpy.float32(scale))), out)
+    x32 = numpy.ascontiguousarray(x, dtype=numpy.float32)
+    target = _host_target(out, x32.shape, numpy.uint8)
+    kernels.encode_fp8(x32.reshape(-1), target.reshape(-1), float(numpy.float32(scale)),
+                       rounding)
+    return _finish(target, out)
 
 
-def decode_scaled(b, inv_scale):
-    """``decode(b) * float32(inv_scale)`` in float32 (one fused kernel on CuPy)."""
+def decode_scaled(b, inv_scale, out=None):
+    """``decode(b) * float32(inv_scale)`` in float32 (one fused kernel on either device), of
+    b's shape; with ``out`` (any float array of b's size, e.g. a float64 gradient) written
+    into it, widened as the host widens."""
     xp = backend.get_array_module(b)
     inv32 = numpy.float32(inv_scale)
     if _is_gpu(xp):
-        return _cuda_kernel("decode_scaled")(xp.asarray(b, xp.uint8), inv32)
-    return decode(b) * inv32
+        y = _cuda_kernel("decode_scaled")(xp.asarray(b, xp.uint8), inv32)
+        return y if out is None else widen_into(y, out)
+    b = numpy.ascontiguousarray(b)
+    target = _host_target(out, b.shape, numpy.float32)
+    kernels.decode_fp8(b.reshape(-1), target.reshape(-1), float(inv32))
+    return _finish(target, out)
 
 
-def decode_ratio(b, weight, eps, inv_scale):
-    """``decode(b) * inv_scale * (|weight| + eps)`` in float32, left to right; shape of b."""
+def decode_ratio(b, weight, eps, inv_scale, out=None):
+    """``decode(b) * inv_scale * (|weight| + eps)`` in float32, left to right (one fused kernel
+    on either device: comm.kernels' ``decode_ratio_fp8`` on the host); shape of b; with
+    ``out`` (any float array of b's size) written into it, widened as the host widens."""
     xp = backend.get_array_module(b, weight)
     gpu = _is_gpu(xp)
     b = xp.asarray(b)                                              # codes on weight's device
@@ -321,7 +349,10 @@ def decode_ratio(b, weight, eps, inv_scale):
         raise ValueError(f"comm.fp8.decode_ratio: codes shape {b.shape} != weight shape {w.shape}")
     eps32, inv32 = numpy.float32(eps), numpy.float32(inv_scale)
     if gpu:
-        return _cuda_kernel("decode_ratio")(b, w, eps32, inv32)
-    y = decode(b) * inv32
-    y *= numpy.abs(w) + eps32
-    return y
+        y = _cuda_kernel("decode_ratio")(b, w, eps32, inv32)
+        return y if out is None else widen_into(y, out)
+    target = _host_target(out, b.shape, numpy.float32)
+    kernels.decode_ratio_fp8(numpy.ascontiguousarray(b).reshape(-1),
+                             numpy.ascontiguousarray(w).reshape(-1), float(eps32), float(inv32),
+                             target.reshape(-1))
+    return _finish(target, out)

@@ -37,7 +37,7 @@ import warnings
 import numpy
 
 from caffe8.comm import formats
-from caffe8.engine.native import compile_cached, load_library
+from caffe8.engine.native import compile_cached, declare, load_library
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _SOURCE = os.path.join(_HERE, "csrc", "kernels.c")
@@ -74,37 +74,26 @@ def _find_library():
     return lib, where
 
 
-def _declare(lib):
+def _signatures():
+    """{function: (restype, argtypes)} of the library (``engine.native.declare``)."""
     u8 = f32 = ctypes.c_void_p                  # addresses; the names say what they point to
-    for name, _ in _PATH_BITS:
-        for kind in ("fp8_sum", "fp8_sum_oyama", "half_sum"):
-            getattr(lib, f"c8_{kind}_{name}").argtypes = [u8, u8, ctypes.c_size_t]
-            getattr(lib, f"c8_{kind}_{name}").restype = None
-        enc = getattr(lib, f"c8_encode_{name}")
-        enc.argtypes = [f32, u8, ctypes.c_size_t, ctypes.c_float, ctypes.c_int]
-        enc.restype = None
-        dec = getattr(lib, f"c8_decode_{name}")
-        dec.argtypes = [u8, f32, ctypes.c_size_t, ctypes.c_float]
-        dec.restype = None
-        enc_r = getattr(lib, f"c8_encode_ratio_{name}")
-        enc_r.argtypes = [f32, f32, ctypes.c_float, ctypes.c_float, u8, ctypes.c_size_t,
-                          ctypes.c_int]
-        enc_r.restype = None
-        dec_r = getattr(lib, f"c8_decode_ratio_{name}")
-        dec_r.argtypes = [u8, f32, ctypes.c_float, ctypes.c_float, f32, ctypes.c_size_t]
-        dec_r.restype = None
-    lib.c8_encode_half.argtypes = [f32, u8, ctypes.c_size_t, ctypes.c_float]
-    lib.c8_encode_half.restype = None
-    lib.c8_decode_half.argtypes = [u8, f32, ctypes.c_size_t]
-    lib.c8_decode_half.restype = None
-    lib.c8_fp8_map.argtypes = [u8, u8, ctypes.c_size_t]
-    lib.c8_fp8_map.restype = None
-    lib.c8_cpu_paths.restype = ctypes.c_int
-    lib.c8_shm_arrive.argtypes = [ctypes.c_void_p, ctypes.c_uint64]
-    lib.c8_shm_arrive.restype = None
-    lib.c8_shm_poll.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_uint64,
-                                ctypes.c_int]
-    lib.c8_shm_poll.restype = ctypes.c_int
+    n, real = ctypes.c_size_t, ctypes.c_float
+    per_path = {"fp8_sum": [u8, u8, n], "fp8_sum_oyama": [u8, u8, n], "half_sum": [u8, u8, n],
+                "encode": [f32, u8, n, real, ctypes.c_int], "decode": [u8, f32, n, real],
+                "encode_ratio": [f32, f32, real, real, u8, n, ctypes.c_int],
+                "decode_ratio": [u8, f32, real, real, f32, n]}
+    table = {f"c8_{kind}_{path}": (None, argtypes)
+             for path, _ in _PATH_BITS for kind, argtypes in per_path.items()}
+    table.update({
+        "c8_encode_half": (None, [f32, u8, n, real]),
+        "c8_decode_half": (None, [u8, f32, n]),
+        "c8_fp8_map": (None, [u8, u8, n]),
+        "c8_cpu_paths": (ctypes.c_int, []),
+        "c8_shm_arrive": (None, [ctypes.c_void_p, ctypes.c_uint64]),
+        "c8_shm_poll": (ctypes.c_int, [ctypes.c_void_p, n, ctypes.c_int, ctypes.c_uint64,
+                                       ctypes.c_int]),
+    })
+    return table
 
 
 def _initialise():
@@ -115,7 +104,7 @@ def _initialise():
                       " using the NumPy fallback, which is several times slower", RuntimeWarning)
         _available = ["numpy"]
     else:
-        _declare(_lib)
+        declare(_lib, _signatures())
         bits = _lib.c8_cpu_paths()
         cpu = [name for name, bit in _PATH_BITS if bits & bit]
         _available = [name for name in cpu if name == "portable" or _self_check_ok(name)]
@@ -266,8 +255,19 @@ def shm_barrier_functions():
     return _lib.c8_shm_arrive, _lib.c8_shm_poll
 
 
-def _c_function(kind):
-    return getattr(_lib, f"c8_{kind}_{_current}")
+#: the functions compiled once per path (``c8_<name>_<path>``); the others are ``c8_<name>``
+_PER_PATH = frozenset(("fp8_sum", "fp8_sum_oyama", "half_sum", "encode", "decode",
+                       "encode_ratio", "decode_ratio"))
+
+
+def _call(name, numpy_way, *args):
+    """The current path's C function ``name`` on ``args`` (NumPy arrays passed as their
+    addresses, the GIL released for the call), or ``numpy_way()`` on the "numpy" path."""
+    if _current == "numpy":
+        numpy_way()
+        return
+    fn = getattr(_lib, f"c8_{name}_{_current}" if name in _PER_PATH else f"c8_{name}")
+    fn(*(a.ctypes.data if isinstance(a, numpy.ndarray) else a for a in args))
 
 
 # --- argument checks ----------------------------------------------------------------------------
@@ -287,11 +287,25 @@ def _check(a, itemsize, what, writeable=False):
         raise ValueError(f"comm.kernels: {what} must be writeable")
 
 
-def _check_pair(src, dst, itemsize):
+def _check_float32(a, what, fn, writeable=False):
+    _check(a, 4, what, writeable)
+    if a.dtype != numpy.float32:
+        raise ValueError(f"comm.kernels.{fn}: {what} must be float32, got {a.dtype}")
+
+
+def _one_size(fn, **arrays):
+    """The size the named ``arrays`` share; ValueError naming each size when they differ."""
+    (first, n), *rest = [(name, a.size) for name, a in arrays.items()]
+    if any(size != n for _, size in rest):
+        raise ValueError(f"comm.kernels.{fn}: {first} has {n} elements, "
+                         + ", ".join(f"{name} {size}" for name, size in rest))
+    return n
+
+
+def _check_pair(src, dst, itemsize, fn):
     _check(src, itemsize, "src")
     _check(dst, itemsize, "dst", writeable=True)
-    if src.size != dst.size:
-        raise ValueError(f"comm.kernels: src has {src.size} elements, dst {dst.size}")
+    return _one_size(fn, src=src, dst=dst)
 
 
 # --- sums (the MPI reduction ops) ---------------------------------------------------------------
@@ -308,39 +322,33 @@ def fp8_sum(src, dst, rounding="nearest"):
     """``dst = sat(src + dst)`` on fp8 codes (uint8 arrays of equal size); returns dst.
     ``rounding``: "nearest" (nearest even) or "oyama" (Oyama et al.'s Algorithm 2, truncating)."""
     _check_sum_rounding(rounding)
-    _check_pair(src, dst, 1)
-    fp8_sum_ptr(src.ctypes.data, dst.ctypes.data, src.size, rounding)
+    n = _check_pair(src, dst, 1, "fp8_sum")
+    fp8_sum_ptr(src.ctypes.data, dst.ctypes.data, n, rounding)
     return dst
 
 
 def fp8_sum_ptr(src_addr, dst_addr, n, rounding="nearest"):
     """fp8 sum on raw addresses of ``n`` bytes (for an MPI user op's in/inout buffers)."""
-    if n <= 0:
-        return
-    if _current == "numpy":
-        src, dst = _from_address(src_addr, n, numpy.uint8), _from_address(dst_addr, n, numpy.uint8)
-        _numpy_fp8_sum(src, dst, rounding)
-    else:
-        _c_function("fp8_sum_oyama" if rounding == "oyama" else "fp8_sum")(src_addr, dst_addr, n)
+    if n > 0:
+        _call("fp8_sum_oyama" if rounding == "oyama" else "fp8_sum",
+             lambda: _numpy_fp8_sum(_from_address(src_addr, n, numpy.uint8),
+                                    _from_address(dst_addr, n, numpy.uint8), rounding),
+             src_addr, dst_addr, n)
 
 
 def half_sum(src, dst):
     """``dst = sat(src + dst)`` on halves (uint16 or float16 arrays of equal size); returns dst."""
-    _check_pair(src, dst, 2)
-    half_sum_ptr(src.ctypes.data, dst.ctypes.data, src.size)
+    n = _check_pair(src, dst, 2, "half_sum")
+    half_sum_ptr(src.ctypes.data, dst.ctypes.data, n)
     return dst
 
 
 def half_sum_ptr(src_addr, dst_addr, n):
     """Half sum on raw addresses of ``n`` 16-bit elements."""
-    if n <= 0:
-        return
-    if _current == "numpy":
-        src = _from_address(src_addr, n, numpy.float16)
-        dst = _from_address(dst_addr, n, numpy.float16)
-        _numpy_half_sum(src, dst)
-    else:
-        _c_function("half_sum")(src_addr, dst_addr, n)
+    if n > 0:
+        _call("half_sum", lambda: _numpy_half_sum(_from_address(src_addr, n, numpy.float16),
+                                                 _from_address(dst_addr, n, numpy.float16)),
+             src_addr, dst_addr, n)
 
 
 # --- conversions --------------------------------------------------------------------------------
@@ -348,67 +356,42 @@ def encode_fp8(x_f32, out_u8, scale=1.0, rounding="nearest"):
     """``out_u8 = fp8(float32(x_f32 * scale))``; rounding "nearest" or "truncate" (Oyama et al.'s:
     half, nearest even, keep the upper byte); saturating. Returns out_u8."""
     check_rounding(rounding, "comm.kernels.encode_fp8: rounding")
-    _check(x_f32, 4, "x_f32")
-    if x_f32.dtype != numpy.float32:
-        raise ValueError(f"comm.kernels.encode_fp8: x_f32 must be float32, got {x_f32.dtype}")
+    _check_float32(x_f32, "x_f32", "encode_fp8")
     _check(out_u8, 1, "out_u8", writeable=True)
-    if x_f32.size != out_u8.size:
-        raise ValueError(f"comm.kernels.encode_fp8: x has {x_f32.size} elements, "
-                         f"out {out_u8.size}")
-    if x_f32.size == 0:
-        return out_u8
-    if _current == "numpy":
-        y = x_f32 if scale == 1.0 else x_f32 * numpy.float32(scale)
-        out_u8.reshape(-1).view(numpy.uint8)[:] = encode_numpy(y.reshape(-1), rounding)
-    else:
-        _c_function("encode")(x_f32.ctypes.data, out_u8.ctypes.data, x_f32.size,
-                              float(scale), int(rounding != "nearest"))
+    if _one_size("encode_fp8", x_f32=x_f32, out_u8=out_u8):
+        _call("encode", lambda: _numpy_encode(x_f32, out_u8, scale, rounding), x_f32, out_u8,
+             x_f32.size, float(scale), int(rounding != "nearest"))
     return out_u8
 
 
 def decode_fp8(b, out_f32, scale=1.0):
     """``out_f32 = float32(fp8 value of b) * scale`` (scale applied in float32). Returns out_f32."""
     _check(b, 1, "b")
-    _check(out_f32, 4, "out_f32", writeable=True)
-    if out_f32.dtype != numpy.float32:
-        raise ValueError(f"comm.kernels.decode_fp8: out_f32 must be float32, got {out_f32.dtype}")
-    if b.size != out_f32.size:
-        raise ValueError(f"comm.kernels.decode_fp8: b has {b.size} elements, out {out_f32.size}")
-    if b.size == 0:
-        return out_f32
-    if _current == "numpy":
-        v = decode_numpy(b.reshape(-1).view(numpy.uint8))
-        out_f32.reshape(-1)[:] = v if scale == 1.0 else v * numpy.float32(scale)
-    else:
-        _c_function("decode")(b.ctypes.data, out_f32.ctypes.data, b.size, float(scale))
+    _check_float32(out_f32, "out_f32", "decode_fp8", writeable=True)
+    if _one_size("decode_fp8", b=b, out_f32=out_f32):
+        _call("decode", lambda: _numpy_decode(b, out_f32, scale), b, out_f32, b.size,
+             float(scale))
     return out_f32
 
 
 def encode_half(x_f32, out_u16, divisor=1.0):
     """``out_u16 = float16 bits of float32(x_f32 / divisor)`` (nearest even; beyond the range
     inf, as NumPy's astype); NumPy's own conversion on the "numpy" path. Returns out_u16."""
-    _check(x_f32, 4, "x_f32")
+    _check_float32(x_f32, "x_f32", "encode_half")
     _check(out_u16, 2, "out_u16", writeable=True)
-    if x_f32.dtype != numpy.float32 or x_f32.size != out_u16.size:
-        raise ValueError("comm.kernels.encode_half: float32 input and an output of its size")
-    if x_f32.size and _current == "numpy":
-        out_u16.reshape(-1).view(numpy.float16)[:] = (
-            x_f32.reshape(-1) / numpy.float32(divisor)).astype(numpy.float16)
-    elif x_f32.size:
-        _lib.c8_encode_half(x_f32.ctypes.data, out_u16.ctypes.data, x_f32.size, float(divisor))
+    if _one_size("encode_half", x_f32=x_f32, out_u16=out_u16):
+        _call("encode_half", lambda: _numpy_encode_half(x_f32, out_u16, divisor), x_f32,
+             out_u16, x_f32.size, float(divisor))
     return out_u16
 
 
 def decode_half(b_u16, out_f32):
     """``out_f32 = float32 value of the float16 bits b_u16`` (exact). Returns out_f32."""
     _check(b_u16, 2, "b_u16")
-    _check(out_f32, 4, "out_f32", writeable=True)
-    if out_f32.dtype != numpy.float32 or b_u16.size != out_f32.size:
-        raise ValueError("comm.kernels.decode_half: float32 output of the input's size")
-    if b_u16.size and _current == "numpy":
-        out_f32.reshape(-1)[:] = b_u16.reshape(-1).view(numpy.float16).astype(numpy.float32)
-    elif b_u16.size:
-        _lib.c8_decode_half(b_u16.ctypes.data, out_f32.ctypes.data, b_u16.size)
+    _check_float32(out_f32, "out_f32", "decode_half", writeable=True)
+    if _one_size("decode_half", b_u16=b_u16, out_f32=out_f32):
+        _call("decode_half", lambda: _numpy_decode_half(b_u16, out_f32), b_u16, out_f32,
+             b_u16.size)
     return out_f32
 
 
@@ -419,18 +402,9 @@ def fp8_map(table, x):
     table = numpy.ascontiguousarray(table, numpy.uint8)
     if table.size != 256:
         raise ValueError(f"comm.kernels.fp8_map: the table needs 256 entries, got {table.size}")
-    if x.size and _current == "numpy":
-        flat = x.reshape(-1).view(numpy.uint8)
-        flat[...] = table[flat]
-    elif x.size:
-        _lib.c8_fp8_map(table.ctypes.data, x.ctypes.data, x.size)
+    if x.size:
+        _call("fp8_map", lambda: _numpy_map(table, x), table, x, x.size)
     return x
-
-
-def _check_float32(a, what, fn, writeable=False):
-    _check(a, 4, what, writeable)
-    if a.dtype != numpy.float32:
-        raise ValueError(f"comm.kernels.{fn}: {what} must be float32, got {a.dtype}")
 
 
 def encode_ratio_fp8(g, w, eps, scale, out, rounding="nearest"):
@@ -442,19 +416,9 @@ def encode_ratio_fp8(g, w, eps, scale, out, rounding="nearest"):
     _check_float32(g, "g", "encode_ratio_fp8")
     _check_float32(w, "w", "encode_ratio_fp8")
     _check(out, 1, "out", writeable=True)
-    if not g.size == w.size == out.size:
-        raise ValueError(f"comm.kernels.encode_ratio_fp8: g has {g.size} elements, w {w.size}, "
-                         f"out {out.size}")
-    if g.size == 0:
-        return out
-    if _current == "numpy":
-        with numpy.errstate(divide="ignore", over="ignore", invalid="ignore"):
-            d = g.reshape(-1) / (numpy.abs(w.reshape(-1)) + numpy.float32(eps))
-            d *= numpy.float32(scale)
-        out.reshape(-1).view(numpy.uint8)[:] = encode_numpy(d, rounding)
-    else:
-        _c_function("encode_ratio")(g.ctypes.data, w.ctypes.data, float(eps), float(scale),
-                                    out.ctypes.data, g.size, int(rounding != "nearest"))
+    if _one_size("encode_ratio_fp8", g=g, w=w, out=out):
+        _call("encode_ratio", lambda: _numpy_encode_ratio(g, w, eps, scale, out, rounding), g, w,
+             float(eps), float(scale), out, g.size, int(rounding != "nearest"))
     return out
 
 
@@ -464,19 +428,9 @@ def decode_ratio_fp8(b, w, eps, inv_scale, out):
     _check(b, 1, "b")
     _check_float32(w, "w", "decode_ratio_fp8")
     _check_float32(out, "out", "decode_ratio_fp8", writeable=True)
-    if not b.size == w.size == out.size:
-        raise ValueError(f"comm.kernels.decode_ratio_fp8: b has {b.size} elements, w {w.size}, "
-                         f"out {out.size}")
-    if b.size == 0:
-        return out
-    if _current == "numpy":
-        with numpy.errstate(over="ignore", invalid="ignore"):
-            v = decode_numpy(b.reshape(-1).view(numpy.uint8)) * numpy.float32(inv_scale)
-            v *= numpy.abs(w.reshape(-1)) + numpy.float32(eps)
-        out.reshape(-1)[:] = v
-    else:
-        _c_function("decode_ratio")(b.ctypes.data, w.ctypes.data, float(eps), float(inv_scale),
-                                    out.ctypes.data, b.size)
+    if _one_size("decode_ratio_fp8", b=b, w=w, out=out):
+        _call("decode_ratio", lambda: _numpy_decode_ratio(b, w, eps, inv_scale, out), b, w,
+             float(eps), float(inv_scale), out, b.size)
     return out
 
 
@@ -516,6 +470,44 @@ def encode_numpy(x, rounding="nearest"):
 def decode_numpy(b):
     """NumPy uint8 fp8 codes -> float32 (256-entry table)."""
     return formats.FP8_E5M2.table(numpy)[numpy.asarray(b).view(numpy.uint8)]
+
+
+def _numpy_encode(x, out, scale, rounding):
+    y = x if scale == 1.0 else x * numpy.float32(scale)
+    out.reshape(-1).view(numpy.uint8)[:] = encode_numpy(y.reshape(-1), rounding)
+
+
+def _numpy_decode(b, out, scale):
+    v = decode_numpy(b.reshape(-1).view(numpy.uint8))
+    out.reshape(-1)[:] = v if scale == 1.0 else v * numpy.float32(scale)
+
+
+def _numpy_encode_half(x, out, divisor):
+    out.reshape(-1).view(numpy.float16)[:] = (
+        x.reshape(-1) / numpy.float32(divisor)).astype(numpy.float16)
+
+
+def _numpy_decode_half(b, out):
+    out.reshape(-1)[:] = b.reshape(-1).view(numpy.float16).astype(numpy.float32)
+
+
+def _numpy_map(table, x):
+    flat = x.reshape(-1).view(numpy.uint8)
+    flat[...] = table[flat]
+
+
+def _numpy_encode_ratio(g, w, eps, scale, out, rounding):
+    with numpy.errstate(divide="ignore", over="ignore", invalid="ignore"):
+        d = g.reshape(-1) / (numpy.abs(w.reshape(-1)) + numpy.float32(eps))
+        d *= numpy.float32(scale)
+    out.reshape(-1).view(numpy.uint8)[:] = encode_numpy(d, rounding)
+
+
+def _numpy_decode_ratio(b, w, eps, inv_scale, out):
+    with numpy.errstate(over="ignore", invalid="ignore"):
+        v = decode_numpy(b.reshape(-1).view(numpy.uint8)) * numpy.float32(inv_scale)
+        v *= numpy.abs(w.reshape(-1)) + numpy.float32(eps)
+    out.reshape(-1)[:] = v
 
 
 # --- NumPy fallback of the sums -----------------------------------------------------------------

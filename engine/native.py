@@ -1,4 +1,4 @@
-"""Finding or building a plain C shared library (no Python C API) for ctypes.
+"""Finding or building a plain C shared library (no Python C API) for ctypes, and binding it.
 
 ``load_library`` looks, in order, for:
 
@@ -11,7 +11,15 @@
    published by an atomic rename, so MPI ranks starting together never load a half-written
    file; the file name carries a hash of the source and flags, so an edited source rebuilds.
 
-It returns ``(CDLL, path)`` or ``(None, reason)``; the caller keeps a NumPy fallback.
+It returns ``(CDLL, path)`` or ``(None, reason)``; the caller keeps a NumPy fallback. Every
+build gets ``-I`` :data:`INCLUDE_DIR` (engine/csrc: ``c8_kernels.h``, the dispatch block the
+libraries share), and the header is part of the cache key and of the staleness test.
+
+Binding, the one ctypes pattern of caffe8's kernel libraries: :func:`declare` gives functions
+their signatures from a table, and :class:`Kernels` is a library of kernels compiled for float32
+and float64 (``<prefix><name>_f32`` / ``_f64``) loaded on first use, whose :meth:`Kernels.run`
+calls one on NumPy arrays (passed as addresses) and says whether it ran (False: no library, a
+CuPy array, another dtype, a non-contiguous array, or the kernels switched off).
 """
 import ctypes
 import glob
@@ -20,6 +28,13 @@ import os
 import subprocess
 import sysconfig
 import tempfile
+import warnings
+
+import numpy
+
+#: the shared header's folder (engine/csrc), on every build's include path
+INCLUDE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "csrc")
+_HEADERS = (os.path.join(INCLUDE_DIR, "c8_kernels.h"),)
 
 
 def cache_dir():
@@ -42,8 +57,11 @@ def _abi_ok(path, abi_symbol, abi_version):
 
 def compile_cached(source, stem, cflags, ldflags):
     """Path of the cached build of ``source`` (compiled once); raises OSError/SubprocessError."""
-    with open(source, "rb") as f:
-        digest = hashlib.sha256(f.read() + " ".join(cflags + ldflags).encode()).hexdigest()[:16]
+    h = hashlib.sha256(" ".join(cflags + ldflags).encode())
+    for path in (source, *_HEADERS):
+        with open(path, "rb") as f:
+            h.update(f.read())
+    digest = h.hexdigest()[:16]
     cache = cache_dir()
     target = os.path.join(cache, f"{stem}-{sysconfig.get_platform()}-{digest}.so")
     if os.path.exists(target):
@@ -56,7 +74,8 @@ def compile_cached(source, stem, cflags, ldflags):
         os.close(fd)
         try:
             cc = os.environ.get("CC", "cc")
-            subprocess.run([cc, *cflags, "-fPIC", "-shared", source, "-o", tmp, *ldflags],
+            subprocess.run([cc, *cflags, "-I", INCLUDE_DIR, "-fPIC", "-shared", source, "-o",
+                            tmp, *ldflags],
                            check=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                            timeout=120)
             os.replace(tmp, target)                   # atomic: readers see all or nothing
@@ -124,7 +143,89 @@ def load_library(source, stem, abi_symbol, abi_version, flag_sets):
 
 
 def _older(path, source):
+    """True when the build ``path`` is older than ``source`` or a shared header."""
     try:
-        return os.path.getmtime(path) < os.path.getmtime(source)
+        built = os.path.getmtime(path)
+        return any(built < os.path.getmtime(s) for s in (source, *_HEADERS))
     except OSError:
         return False
+
+
+def declare(lib, signatures):
+    """Give ``lib``'s functions their ctypes signatures: ``{name: (restype, [argtypes])}``."""
+    for name, (restype, argtypes) in signatures.items():
+        fn = getattr(lib, name)
+        fn.restype, fn.argtypes = restype, list(argtypes)
+
+
+class Kernels:
+    """C kernels for NumPy float arrays in one library (module docstring): each kernel ``name``
+    exists as ``<prefix><name>_f32`` and ``_f64``, with the signature ``signatures(real)`` gives
+    it: ``{name: (restype, [argtypes])}`` (``real``: the ctypes float of the suffix).
+
+    The library is found or built on first use (:func:`load_library` with ``flag_sets``); without
+    one, a warning names ``what`` and the callers take their NumPy path. ``env`` names the
+    environment variable whose value ``numpy`` switches the kernels off (:meth:`use_native` at
+    run time).
+    """
+    SUFFIX = {numpy.dtype(numpy.float32): "f32", numpy.dtype(numpy.float64): "f64"}
+    REAL = {"f32": ctypes.c_float, "f64": ctypes.c_double}
+
+    def __init__(self, what, source, stem, abi, prefix, signatures, env, flag_sets):
+        """``abi``: (the library's version function, the version this code needs)."""
+        self.what, self.source, self.stem, self.abi = what, source, stem, abi
+        self.prefix, self.signatures = prefix, signatures
+        self.flag_sets = flag_sets
+        self.enabled = os.environ.get(env, "").lower() != "numpy"
+        self._lib = self._file = None
+        self._loaded = False
+
+    def _load(self):
+        self._loaded = True
+        lib, where = load_library(self.source, self.stem, *self.abi, self.flag_sets)
+        if lib is None:
+            warnings.warn(f"{self.what}: no C kernels ({where}); using NumPy", RuntimeWarning)
+            return
+        for suffix, real in self.REAL.items():
+            declare(lib, {f"{self.prefix}{name}_{suffix}": signature
+                          for name, signature in self.signatures(real).items()})
+        self._lib, self._file = lib, where
+
+    def library_file(self):
+        """Path of the loaded library, or None when the NumPy path is in use."""
+        if not self._loaded:
+            self._load()
+        return self._file
+
+    def use_native(self, flag):
+        """Enable (True) or disable (False) the kernels for this process; returns the setting
+        before."""
+        before, self.enabled = self.enabled, bool(flag)
+        return before
+
+    def enabled_for(self, *arrays):
+        """True when the kernels run on ``arrays``: NumPy, one float dtype, C-contiguous."""
+        if not self.enabled:
+            return False
+        if not self._loaded:
+            self._load()
+        dtype = arrays[0].dtype
+        return self._lib is not None and dtype in self.SUFFIX and all(
+            type(a) is numpy.ndarray and a.dtype == dtype and a.flags.c_contiguous
+            for a in arrays)
+
+    def kernel(self, name, *arrays):
+        """The C function ``name`` for ``arrays``' dtype, or None (``enabled_for`` says no)."""
+        if not self.enabled_for(*arrays):
+            return None
+        return getattr(self._lib, f"{self.prefix}{name}_{self.SUFFIX[arrays[0].dtype]}")
+
+    def run(self, name, arrays, *args):
+        """Call kernel ``name`` (chosen by the dtype of ``arrays``, every array it touches) with
+        ``args``, each NumPy array passed as its address; True when it ran, False when the
+        caller must take its NumPy (or CuPy) path."""
+        fn = self.kernel(name, *arrays)
+        if fn is None:
+            return False
+        fn(*(a.ctypes.data if isinstance(a, numpy.ndarray) else a for a in args))
+        return True

@@ -39,12 +39,10 @@
 #include <stdint.h>
 #include <string.h>
 
-#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
-#define C8_X86 1
+#include "c8_kernels.h"           /* C8_X86, C8_ABI: engine/csrc/c8_kernels.h */
+#if C8_X86
 #include <cpuid.h>
 #include <immintrin.h>
-#else
-#define C8_X86 0
 #endif
 
 #define C8_ABI_VERSION 7     /* 2: encode_ratio / decode_ratio; 3: the Algorithm 2 sum; 4: shm barrier;
@@ -53,7 +51,7 @@
 
 enum { C8_PATH_PORTABLE = 1, C8_PATH_AVX2 = 2, C8_PATH_AVX512 = 4 };
 
-int c8_abi_version(void) { return C8_ABI_VERSION; }
+C8_ABI(c8_abi_version, C8_ABI_VERSION)
 
 /* ---------------------------------------------------------------------------------------------
  * Scalar conversions (portable path and SIMD loop tails).
@@ -468,21 +466,26 @@ C8_AVX512 static __m512i avx512_fp8_sum64(__m512i a, __m512i b)
     return _mm512_mask_sub_epi8(c, inf, c, _mm512_set1_epi8(1));
 }
 
-C8_AVX512 void c8_fp8_sum_avx512(const uint8_t *src, uint8_t *dst, size_t n)
-{
-    size_t i = 0;
-    for (; i + 64 <= n; i += 64) {
-        __m512i a = _mm512_loadu_si512((const void *)(src + i));
-        __m512i b = _mm512_loadu_si512((const void *)(dst + i));
-        _mm512_storeu_si512((void *)(dst + i), avx512_fp8_sum64(a, b));
+/* dst = OP(src, dst) on n fp8 codes, 64 a step, the tail masked (no scalar loop): the loop of
+ * both fp8 sums, which differ only in OP. */
+#define C8_AVX512_FP8_SUM(NAME, OP)                                                            \
+    C8_AVX512 void NAME(const uint8_t *src, uint8_t *dst, size_t n)                            \
+    {                                                                                          \
+        size_t i = 0;                                                                          \
+        for (; i + 64 <= n; i += 64) {                                                         \
+            __m512i a = _mm512_loadu_si512((const void *)(src + i));                           \
+            __m512i b = _mm512_loadu_si512((const void *)(dst + i));                           \
+            _mm512_storeu_si512((void *)(dst + i), OP(a, b));                                  \
+        }                                                                                      \
+        if (i < n) {                                                                           \
+            __mmask64 m = (__mmask64)(~0ULL >> (64 - (n - i)));                                \
+            __m512i a = _mm512_maskz_loadu_epi8(m, src + i);                                   \
+            __m512i b = _mm512_maskz_loadu_epi8(m, dst + i);                                   \
+            _mm512_mask_storeu_epi8(dst + i, m, OP(a, b));                                     \
+        }                                                                                      \
     }
-    if (i < n) {                                  /* masked tail: no scalar loop */
-        __mmask64 m = (__mmask64)(~0ULL >> (64 - (n - i)));
-        __m512i a = _mm512_maskz_loadu_epi8(m, src + i);
-        __m512i b = _mm512_maskz_loadu_epi8(m, dst + i);
-        _mm512_mask_storeu_epi8(dst + i, m, avx512_fp8_sum64(a, b));
-    }
-}
+
+C8_AVX512_FP8_SUM(c8_fp8_sum_avx512, avx512_fp8_sum64)
 
 C8_AVX512 static __m512i avx512_fp8_sum64_oyama(__m512i a, __m512i b)
 {
@@ -495,21 +498,7 @@ C8_AVX512 static __m512i avx512_fp8_sum64_oyama(__m512i a, __m512i b)
     return _mm512_mask_sub_epi8(c, inf, c, _mm512_set1_epi8(1));
 }
 
-C8_AVX512 void c8_fp8_sum_oyama_avx512(const uint8_t *src, uint8_t *dst, size_t n)
-{
-    size_t i = 0;
-    for (; i + 64 <= n; i += 64) {
-        __m512i a = _mm512_loadu_si512((const void *)(src + i));
-        __m512i b = _mm512_loadu_si512((const void *)(dst + i));
-        _mm512_storeu_si512((void *)(dst + i), avx512_fp8_sum64_oyama(a, b));
-    }
-    if (i < n) {
-        __mmask64 m = (__mmask64)(~0ULL >> (64 - (n - i)));
-        __m512i a = _mm512_maskz_loadu_epi8(m, src + i);
-        __m512i b = _mm512_maskz_loadu_epi8(m, dst + i);
-        _mm512_mask_storeu_epi8(dst + i, m, avx512_fp8_sum64_oyama(a, b));
-    }
-}
+C8_AVX512_FP8_SUM(c8_fp8_sum_oyama_avx512, avx512_fp8_sum64_oyama)
 
 C8_AVX512 static __m512i avx512_half_sum32(__m512i a, __m512i b)
 {

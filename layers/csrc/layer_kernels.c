@@ -18,24 +18,14 @@
 #include <stdint.h>
 #include <string.h>
 
+/* KERNEL (AVX2 and baseline clones, chosen at load), idx, C8_ABI: engine/csrc/c8_kernels.h.
+ * Pooling's compare-and-select loops only vectorise with AVX2's blends (5 ms instead of 29 ms
+ * for CaffeNet's pool1 at batch 16, see docs/BENCHMARKS.md). */
+#include "c8_kernels.h"
+
 #define C8L_ABI_VERSION 1
 
-/* Each kernel is compiled twice, for AVX2 and for the baseline, and the loader (an ifunc)
- * picks one by CPU: the build itself carries no -march, so it runs on any x86-64.  Pooling's
- * compare-and-select loops only vectorise with AVX2's blends (5 ms instead of 29 ms for
- * CaffeNet's pool1 at batch 16, see docs/BENCHMARKS.md). */
-#if defined(__x86_64__) && defined(__linux__) && defined(__has_attribute)
-#if __has_attribute(target_clones)
-#define KERNEL __attribute__((target_clones("avx2", "default")))
-#endif
-#endif
-#ifndef KERNEL
-#define KERNEL
-#endif
-
-typedef ptrdiff_t idx;
-
-int c8l_abi_version(void) { return C8L_ABI_VERSION; }
+C8_ABI(c8l_abi_version, C8L_ABI_VERSION)
 
 /* First and one-past-last output index o in [0, out) whose input o*stride - pad + offset lies
  * in [0, size): the valid run of one kernel offset, so the inner loops need no bounds test. */

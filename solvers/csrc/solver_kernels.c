@@ -6,22 +6,11 @@
  * multiply-add), so both paths give the same bits; it only reads and writes each array once
  * instead of once per NumPy statement.
  */
-#include <stddef.h>
+#include "c8_kernels.h"           /* KERNEL, idx, C8_ABI: engine/csrc/c8_kernels.h */
 
 #define C8S_ABI_VERSION 1
 
-#if defined(__x86_64__) && defined(__linux__) && defined(__has_attribute)
-#if __has_attribute(target_clones)
-#define KERNEL __attribute__((target_clones("avx2", "default")))
-#endif
-#endif
-#ifndef KERNEL
-#define KERNEL
-#endif
-
-typedef ptrdiff_t idx;
-
-int c8s_abi_version(void) { return C8S_ABI_VERSION; }
+C8_ABI(c8s_abi_version, C8S_ABI_VERSION)
 
 /* Caffe's SGD step for one parameter, then its part of Net::Update:
  *   h = momentum * h + rate * g;   g = h;   w -= g

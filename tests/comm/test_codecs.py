@@ -112,3 +112,18 @@ def test_fp8_divides_by_the_node_count_in_the_encode_with_one_process_per_node()
                                   float(numpy.float32(1 / 4)))
     codec.between_stages(payload, ctx)
     numpy.testing.assert_array_equal(payload, rescaled)
+
+
+@pytest.mark.parametrize("text, details", [
+    ("", ["ratio", "q=0.95"]),
+    ('relative: false quantile: 0.99 rounding: "oyama"', ["absolute", "q=0.99", "oyama rounding"]),
+    ('codec: "fp32"', []),
+    ('codec: "fp16"', []),
+    ('codec: "aps" aps_format: "E4M3" kahan: true', ["E4M3, Kahan"]),
+    ('codec: "aps"', ["E5M2"]),
+    ('codec: "dettmers" dettmers_type: "linear"', ["linear"]),
+    ('codec: "strom" strom_tau: 0.05', ["tau=0.05"]),
+])
+def test_a_codec_names_the_settings_it_was_made_with(text, details):
+    comm = parse_comm(text)
+    assert create_codec(comm.codec, comm).details() == details

@@ -5,6 +5,7 @@ two fp8 or two halves), clipped to the largest finite value and cast back by ml_
 (nearest even).
 """
 import ctypes
+import glob
 import os
 import subprocess
 import sys
@@ -185,8 +186,9 @@ def test_without_compiler_falls_back_to_numpy_with_one_warning(tmp_path):
             "kernels.fp8_sum(numpy.full(3, 0x3C, numpy.uint8), d); print(d.tolist())")
     env = {"CAFFE8_CACHE_DIR": str(tmp_path), "CC": "/nonexistent/cc"}
     out, err = run_python(code, env).communicate(timeout=120)
-    if kernels.library_file() and not kernels.library_file().startswith(cache_dir()):
-        pytest.skip("a library is installed next to the package; the fallback is not reachable")
+    if glob.glob(os.path.join(os.path.dirname(kernels.__file__), "_kernels*")):
+        pytest.skip("a library is installed next to the package (a stale one is the last "
+                    "resort before NumPy); the fallback is not reachable")
     lines = out.strip().splitlines()
     assert lines[0] == "None ['numpy'] 2", (out, err)          # compile failure + fallback
     assert "NumPy fallback" in lines[1]

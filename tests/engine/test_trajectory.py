@@ -56,13 +56,12 @@ PATHS = {"native-2threads": (True, 2), "native-1thread": (True, 1), "numpy-2thre
 @pytest.fixture
 def path(request):
     use_native, threads = PATHS[request.param]
-    saved = native._enabled
-    native.use_native(use_native)
+    saved = native.use_native(use_native)
     blas.set_num_threads(threads)
     try:
         yield request.param
     finally:
-        native._enabled = saved
+        native.use_native(saved)
         blas.set_num_threads(os.cpu_count() or 1)
 
 

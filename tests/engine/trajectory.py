@@ -102,13 +102,12 @@ class GradientRecorder(SolverCallback):
 @contextlib.contextmanager
 def plain_paths():
     """NumPy im2col/pooling instead of the C kernels, NumPy's BLAS instead of caffe8's."""
-    saved_native, saved_blas = native._enabled, blas._state
-    native.use_native(False)
+    saved_native, saved_blas = native.use_native(False), blas._state
     blas._state = (None, "the trajectory oracle's reference")
     try:
         yield
     finally:
-        native._enabled = saved_native
+        native.use_native(saved_native)
         blas._state = saved_blas
 
 
