@@ -10,7 +10,7 @@
  * purpose: the GEMMs between them run on NumPy's multithreaded BLAS, whose worker threads
  * busy-wait after each call, and an OpenMP team over the outer loops on the same two cores made
  * whole nets several times slower (LeNet b64: 1180 ms, PyTorch 78 ms in the same loaded run; see
- * docs/BENCHMARKS.md).
+ * docs/history/2026-11-23.md).
  */
 #include <float.h>
 #include <math.h>
@@ -20,7 +20,7 @@
 
 /* KERNEL (AVX2 and baseline clones, chosen at load), idx, C8_ABI: engine/csrc/c8_kernels.h.
  * Pooling's compare-and-select loops only vectorise with AVX2's blends (5 ms instead of 29 ms
- * for CaffeNet's pool1 at batch 16, see docs/BENCHMARKS.md). */
+ * for CaffeNet's pool1 at batch 16, see docs/history/2026-11-23.md). */
 #include "c8_kernels.h"
 
 #define C8L_ABI_VERSION 1
