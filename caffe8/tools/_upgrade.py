@@ -109,10 +109,10 @@ def run_upgrade(args, type_name, binary):
 
 
 def tool(name, type_name, binary, what, help_text):
-    """(NAME, HELP, add_arguments, run) of one upgrade tool, for its module's globals."""
+    """(NAME, HELP, GROUP, add_arguments, run) of one upgrade tool, for its module's globals."""
     def add_arguments(p):
         add_in_out(p, what)
 
     def run(args):
         return run_upgrade(args, type_name, binary)
-    return name, help_text, add_arguments, run
+    return name, help_text, "models", add_arguments, run

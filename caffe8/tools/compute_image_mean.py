@@ -12,6 +12,7 @@ from caffe8.tools._common import add_backend, logger, progress
 
 NAME = "compute_image_mean"
 HELP = "compute the mean image of an lmdb/leveldb of Datum records (→ .binaryproto)"
+GROUP = "data"
 
 
 def add_arguments(p):

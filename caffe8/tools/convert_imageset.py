@@ -26,6 +26,7 @@ from caffe8.tools._common import add_backend, logger, require_file, write_record
 
 NAME = "convert_imageset"
 HELP = "convert a list of images with labels to an lmdb/leveldb of Caffe Datum records"
+GROUP = "data"
 SHUFFLE_SEED = 0
 _PIL_FORMATS = {"jpg": "JPEG", "jpeg": "JPEG", "png": "PNG", "bmp": "BMP", "tif": "TIFF",
                 "tiff": "TIFF", "ppm": "PPM", "pgm": "PPM", "webp": "WEBP"}

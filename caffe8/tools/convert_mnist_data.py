@@ -15,6 +15,7 @@ from caffe8.tools._common import add_backend, logger, require_file, write_record
 NAME = "convert_mnist_data"
 HELP = ("convert MNIST-format IDX images and labels (gzipped or not) to an lmdb/leveldb of "
         "Caffe Datum records")
+GROUP = "data"
 IMAGES_MAGIC, LABELS_MAGIC = 2051, 2049
 
 

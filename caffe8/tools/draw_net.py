@@ -6,6 +6,7 @@ from caffe8.tools._common import require_file
 
 NAME = "draw_net"
 HELP = "draw a net prototxt as a graph (.png/.svg/.dot, by the output's extension)"
+GROUP = "models"
 
 
 def add_arguments(p):

@@ -15,6 +15,7 @@ from caffe8.tools._common import logger, progress, require_file
 
 NAME = "extract_features"
 HELP = "store blobs of a trained net over N mini-batches as Datum records (lmdb/leveldb)"
+GROUP = "data"
 
 
 def add_arguments(p):

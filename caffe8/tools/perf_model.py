@@ -29,10 +29,9 @@ def _procs(text):
 
 def add_arguments(p):
     from caffe8.comm.perf_model import INF, SCHEDULES
-    from caffe8.inspect import _shape_arg
+    from caffe8.tools.inspect import add_data_shape
     p.add_argument("--model", required=True, help="net prototxt (parameter sizes)")
-    p.add_argument("--data-shape", action="append", type=_shape_arg, default=[],
-                   metavar="TOP=d0,d1,...", help="swap data layers for Input (no data needed)")
+    add_data_shape(p, "swap data layers for Input (no data needed)")
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--timing-log", help="caffe8 train --timing-log file (JSON lines)")
     src.add_argument("--caffe-time", help="saved output of `caffe8 time` / `caffe time`")

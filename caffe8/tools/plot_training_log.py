@@ -22,6 +22,7 @@ from caffe8.tools._common import require_file
 
 NAME = "plot_training_log"
 HELP = "chart test accuracy/loss or train loss/lr against iterations or seconds from logs"
+GROUP = "training"
 X_FIELDS = ("Iters", "Seconds")
 Y_FIELDS = ("Test accuracy", "Test loss", "Train learning rate", "Train loss")
 CHART_TYPES = [f"{y}  vs. {x}" for y in Y_FIELDS for x in X_FIELDS]

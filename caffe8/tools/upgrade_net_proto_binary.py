@@ -2,6 +2,6 @@
 Shared code: caffe8.tools._upgrade."""
 from caffe8.tools._upgrade import tool
 
-NAME, HELP, add_arguments, run = tool(
+NAME, HELP, GROUP, add_arguments, run = tool(
     "upgrade_net_proto_binary", "NetParameter", True, "binary net (.caffemodel)",
     "upgrade a binary net (.caffemodel with V0/V1 layers) to the current format")

@@ -2,6 +2,6 @@
 Shared code: caffe8.tools._upgrade."""
 from caffe8.tools._upgrade import tool
 
-NAME, HELP, add_arguments, run = tool(
+NAME, HELP, GROUP, add_arguments, run = tool(
     "upgrade_solver_proto_text", "SolverParameter", False, "solver prototxt",
     "upgrade a solver prototxt (solver_type enum) to the current format")

@@ -6,7 +6,8 @@ import signal
 
 import pytest
 
-from caffe8.cli import _install_signal_handlers, build_parser, main, translate_caffe_flags
+from caffe8.cli import build_parser, main, translate_caffe_flags
+from caffe8.tools.train import install_signal_handlers
 from caffe8.engine import backend
 from tests.engine.trainer_util import REPO, write_solver
 
@@ -180,7 +181,7 @@ def test_signal_effects(capsys):
     old = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGHUP)
     try:
         t = Trainer()
-        _install_signal_handlers(t, lines.append, "snapshot", "none")
+        install_signal_handlers(t, lines.append, "snapshot", "none")
         os.kill(os.getpid(), signal.SIGHUP)
         os.kill(os.getpid(), signal.SIGINT)
         assert t.requests == ["snapshot"]
@@ -188,7 +189,7 @@ def test_signal_effects(capsys):
         with pytest.raises(KeyboardInterrupt):  # a second SIGINT stops at once
             os.kill(os.getpid(), signal.SIGINT)
         t = Trainer()
-        _install_signal_handlers(t, lines.append)  # Caffe's defaults
+        install_signal_handlers(t, lines.append)  # Caffe's defaults
         os.kill(os.getpid(), signal.SIGHUP)
         os.kill(os.getpid(), signal.SIGINT)
         assert t.requests == ["snapshot", "stop"]
@@ -248,7 +249,7 @@ layer { name: "small" type: "InnerProduct" bottom: "data" top: "out"
 
 def test_gpu_all_picks_one_gpu_per_process(monkeypatch):
     from types import SimpleNamespace
-    from caffe8.cli import select_device
+    from caffe8.tools._run import select_device
     from caffe8.engine.errors import CaffeError
     used, lines = [], []
     runtime = SimpleNamespace(getDeviceCount=lambda: 4)

@@ -1,7 +1,7 @@
 """Data layer shapes read from the layers' own parameters (inspect without the data files)."""
 import pytest
 
-from caffe8.inspect import data_shapes
+from caffe8.tools.inspect import data_shapes
 from caffe8.engine.prototxt import parse_layer
 
 
@@ -39,7 +39,7 @@ def test_inspect_names_the_data_layer_and_takes_what_crop_size_fixes(tmp_path, c
     """BVLC's ImageNet layout: a Data layer with crop_size and a mean_file. The label's shape
     comes from batch_size, so --data-shape for the data alone suffices while the mean file is
     absent, and the data layer is shown as the Data layer it is, not as the Input it becomes."""
-    from caffe8.inspect import inspect_main
+    from caffe8.tools.inspect import inspect_main
     from caffe8.proto import caffe_pb2
     model = tmp_path / "m.prototxt"
     model.write_text(MEAN_FILE_NET.replace("MEAN", str(tmp_path / "mean.binaryproto")))

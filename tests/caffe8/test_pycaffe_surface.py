@@ -339,7 +339,7 @@ def test_solver_mode_gpu_on_the_cpu_is_noted_once(in_digits_cwd, tmp_path, monke
     assert gpu_notes == ["solver_mode is GPU but no CUDA GPU / CuPy is available; running on "
                          "the CPU"]
     # the CLI's select_device logs through the same function (and so, the same once)
-    from caffe8.cli import select_device
+    from caffe8.tools._run import select_device
     cli_log = []
     select_device(None, "GPU", 0, None, cli_log.append)
     assert not any("solver_mode" in m for m in cli_log)

@@ -17,7 +17,7 @@ import re
 import numpy
 import pytest
 
-from caffe8.inspect import inspect_main
+from caffe8.tools.inspect import inspect_main
 from caffe8.engine.net import Net
 from caffe8.engine.net_graph import swap_data_layers
 from caffe8.engine.prototxt import parse_file, parse_text

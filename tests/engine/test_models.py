@@ -11,7 +11,7 @@ import numpy
 import pytest
 
 from caffe8.engine.errors import LayerError
-from caffe8.inspect import inspect_main
+from caffe8.tools.inspect import inspect_main
 from caffe8.engine.net import Net
 from caffe8.engine.net_graph import filter_net, swap_data_layers
 from caffe8.engine.prototxt import parse_file, parse_text

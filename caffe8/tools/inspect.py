@@ -19,8 +19,13 @@ from caffe8.engine.errors import CaffeError, LayerError
 from caffe8.engine.net_graph import DATA_LAYER_TYPES
 from caffe8.engine.schema import SCHEMA
 
+NAME = "inspect"
+HELP = "print layers, shapes and the parameter count"
+GROUP = "models"
+FILES = {"model": "in"}
 
-def _shape_arg(text):
+
+def shape_arg(text):
     """``NAME=d0,d1,...`` of ``--data-shape`` → (NAME, shape)."""
     name, _, dims = text.partition("=")
     try:
@@ -32,22 +37,21 @@ def _shape_arg(text):
     return name, shape
 
 
+def add_data_shape(p, help_text="shape of a data layer's top (repeatable)"):
+    """``--data-shape TOP=d0,d1,...`` (repeatable), as inspect, time and perf_model take it."""
+    p.add_argument("--data-shape", "--data_shape", dest="data_shape", action="append",
+                   type=shape_arg, default=[], metavar="TOP=d0,d1,...", help=help_text)
+
+
 def add_arguments(ap):
-    """The options of ``caffe8 inspect`` (also those of ``python -m caffe8.inspect``)."""
+    """The options of ``caffe8 inspect``."""
     ap.description = ("Print a net's layers, top shapes and parameter shapes; data layers take "
                       "their shapes from their own parameters or --data-shape.")
     ap.add_argument("model", help="net prototxt")
     ap.add_argument("--phase", default="TRAIN", choices=("TRAIN", "TEST"))
     ap.add_argument("--level", type=int, default=0)
     ap.add_argument("--stage", action="append", default=[], help="NetState stage (repeatable)")
-    ap.add_argument("--data-shape", "--data_shape", dest="data_shape", action="append",
-                    type=_shape_arg, default=[], metavar="TOP=d0,d1,...",
-                    help="shape of a data layer's top (repeatable)")
-    return ap
-
-
-def _parser():
-    return add_arguments(argparse.ArgumentParser(prog="caffe8 inspect"))
+    add_data_shape(ap)
 
 
 def _channels(tp):
@@ -172,7 +176,7 @@ def _data_error(model, error):
     return str(error)
 
 
-def run_inspect(args, out=None):
+def run(args, out=None):
     """``caffe8 inspect`` on parsed arguments; returns the exit status (0, or 1 on an error)."""
     from caffe8.wiring import register_all
     from caffe8.engine.net import Net
@@ -201,9 +205,7 @@ def _from_data(model, error):
 
 
 def inspect_main(argv=None, out=None):
-    """Run ``caffe8 inspect`` with ``argv``; returns the exit status (0, or 1 on a CaffeError)."""
-    return run_inspect(_parser().parse_args(argv), out)
-
-
-if __name__ == "__main__":
-    sys.exit(inspect_main())
+    """Run ``caffe8 inspect`` with ``argv``, its lines to ``out``; returns the exit status."""
+    p = argparse.ArgumentParser(prog="caffe8 inspect")
+    add_arguments(p)
+    return run(p.parse_args(argv), out)
