@@ -7,6 +7,11 @@ Usage (as root, from the repository root; PyTorch only needed for the ``ddp-*`` 
         --variants c8-fp32-sync,c8-fp32-async,c8-fp16-async,c8-fp8-async,ddp-fp32,ddp-fp16 \\
         --iters 12 --skip 4 --rounds 2 --out runs/cluster --csv docs/figures/cluster_bench.csv
 
+    # caffe8's hook against DDP's own exchanges (docs/PYTORCH.md):
+    python -m scripts.cluster_bench --nets caffenet,googlenet --layouts 2x1,2x2 \\
+        --variants ddp-fp32,ddp-fp16,ddp-bf16,ddp-powersgd1,ddp-powersgd4,ddp-fp8,ddp-fp8h \\
+        --rates 1gbit,10gbit --iters 12 --skip 4 --rounds 2 --csv runs/cluster/hooks.csv
+
 For every link rate and node count it brings up an emulated cluster (scripts/emulated_cluster.py:
 network namespaces behind a ``tc``-shaped switch), and then, ``--rounds`` times, runs every
 (net, layout, variant) in turn — interleaved, so a change in the machine's load hits every
@@ -19,12 +24,22 @@ tensors, GPU-like compute that sleeps); ``lenet`` is BVLC's LeNet with real comp
 caffe8 variants ``c8-<codec>-<sync|async>`` train the net's solver with that ``comm`` block
 (``mpiexec`` across the nodes, one timing log per rank). DDP variants run
 ``python -m scripts.cluster_bench --ddp-worker`` under the same mpiexec: PyTorch's
-DistributedDataParallel with gloo over the same link (``GLOO_SOCKET_IFNAME=eth0``), plain
-(``ddp-fp32``) or with the fp16 compression hook (``ddp-fp16``), one intra-op thread per process
-as torchrun sets it. Both sides do the same work: the DDP model is built from the same prototxt
-(the emulated nets: the same parameter tensors, the same per-layer sleeping forward/backward
-times in the same order, the same sum losses; LeNet: the same layers; SGD with the solver's lr,
-momentum and weight decay).
+DistributedDataParallel with gloo over the same link (``GLOO_SOCKET_IFNAME=eth0``), one
+intra-op thread per process as torchrun sets it, with the exchange ``ddp-<hook>``:
+
+``ddp-fp32``        DDP's own allreduce (no hook)
+``ddp-fp16``, ``ddp-bf16``  PyTorch's fp16_compress_hook / bf16_compress_hook
+``ddp-powersgd1``, ``ddp-powersgd4``  PowerSGD of rank 1 / 4 with error feedback and the
+                    documented warm start (Q of the last iteration), compressing from
+                    iteration 2 (PyTorch's minimum with warm start): keep ``--skip`` >= 2
+``ddp-fp8``         caffe8.ddp.fp8_hook summing over all ranks at once
+``ddp-fp8h``        caffe8.ddp.fp8_hook in two levels, nodes of the layout's P processes
+
+(the hooks are registered by examples/pytorch_ddp_fashion_mnist.py's ``register_hook``, the
+one place that knows them). Both sides do the same work: the DDP model is built from the same
+prototxt (the emulated nets: the same parameter tensors, the same per-layer sleeping
+forward/backward times in the same order, the same sum losses, so every gradient is a nonzero
+1; LeNet: the same layers; SGD with the solver's lr, momentum and weight decay).
 
 A point's time per iteration is the median over ranks' slowest and iterations after ``--skip``
 (caffe8: the timing log's ``wall``, which covers clearing diffs, forward/backward, exchange and
@@ -77,29 +92,28 @@ def emulated_layers(solver_path):
                               float(solver.weight_decay))
 
 
+def _example():
+    """examples/pytorch_ddp_fashion_mnist.py as a module: its LeNet and hook registration."""
+    import importlib.util
+    path = os.path.join(REPO, "examples", "pytorch_ddp_fashion_mnist.py")
+    spec = importlib.util.spec_from_file_location("pytorch_ddp_fashion_mnist", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def _torch_lenet(torch):
     """BVLC's LeNet (prototxt/lenet/train_val.prototxt) in PyTorch: the same layers and shapes."""
-    nn = torch.nn
-    return nn.Sequential(nn.Conv2d(1, 20, 5), nn.MaxPool2d(2, 2), nn.Conv2d(20, 50, 5),
-                         nn.MaxPool2d(2, 2), nn.Flatten(), nn.Linear(800, 500), nn.ReLU(),
-                         nn.Linear(500, 10))
+    return _example().lenet()
 
 
-def ddp_worker(args):
-    """One DDP process (rank and size from mpiexec's PMI variables): train, print JSON on rank 0."""
-    import torch
-    import torch.distributed as dist
-    from torch.nn.parallel import DistributedDataParallel as DDP
-    rank, size = int(os.environ["PMI_RANK"]), int(os.environ["PMI_SIZE"])
-    torch.set_num_threads(1)                 # torchrun's default with several processes a node
-    dist.init_process_group("gloo", init_method=f"tcp://{args.master}:29517", rank=rank,
-                            world_size=size)
-    groups, (lr, momentum, weight_decay) = emulated_layers(args.solver)
-
-    def sleep_ms(ms):
-        end = time.perf_counter() + ms / 1e3
-        while time.perf_counter() < end:
-            time.sleep(max(0.0, end - time.perf_counter()))
+def emulated_module(torch, groups):
+    """An emulated net of ``groups`` (:func:`emulated_layers`) in PyTorch: one parameter per
+    tensor (zeros, as caffe8's Parameter layers), and per group an autograd function that
+    passes its tensors through, sleeping the group's forward time in forward and its backward
+    time in backward (the GIL released, as a GPU kernel leaves the host free); the loss is the
+    sum of every tensor, so every gradient is 1 — caffe8's Reduction SUM losses."""
+    from caffe8.layers.emulate import sleep_ms       # the EmulatedCompute layer's own sleep
 
     class Emulate(torch.autograd.Function):
         @staticmethod
@@ -129,6 +143,34 @@ def ddp_worker(args):
                     loss = loss + t.sum()
             return loss
 
+    return Net()
+
+
+#: ddp variant -> (examples' hook name, extra arguments of register_hook)
+DDP_HOOKS = {"fp32": ("fp32", {}), "fp16": ("fp16", {}), "bf16": ("bf16", {}),
+             "powersgd1": ("powersgd", {"powersgd_rank": 1}),
+             "powersgd4": ("powersgd", {"powersgd_rank": 4}),
+             "fp8": ("fp8", {}), "fp8h": ("fp8", {"two_level": True})}
+
+
+def register_ddp_hook(model, variant, ppn):
+    """Put ``ddp-<variant>``'s exchange on the DDP ``model`` (examples' register_hook)."""
+    hook, extra = DDP_HOOKS[variant]
+    extra = dict(extra)
+    ppn = ppn if extra.pop("two_level", False) else None
+    return _example().register_hook(model, hook, processes_per_node=ppn, **extra)
+
+
+def ddp_worker(args):
+    """One DDP process (rank and size from mpiexec's PMI variables): train, print JSON on rank 0."""
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    rank, size = int(os.environ["PMI_RANK"]), int(os.environ["PMI_SIZE"])
+    torch.set_num_threads(1)                 # torchrun's default with several processes a node
+    dist.init_process_group("gloo", init_method=f"tcp://{args.master}:29517", rank=rank,
+                            world_size=size)
+    groups, (lr, momentum, weight_decay) = emulated_layers(args.solver)
     if _real_compute(args.solver):
         net = _torch_lenet(torch)
         x = torch.zeros(LENET_INPUTS["data"])
@@ -136,13 +178,12 @@ def ddp_worker(args):
         loss_fn = torch.nn.CrossEntropyLoss()
         forward = lambda m: loss_fn(m(x), y)  # noqa: E731
     else:
-        net = Net()
+        net = emulated_module(torch, groups)
         x = torch.zeros(1)
         forward = lambda m: m(x)  # noqa: E731
     model = DDP(net) if size > 1 else net
-    if args.variant == "ddp-fp16" and size > 1:
-        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
-        model.register_comm_hook(None, default_hooks.fp16_compress_hook)
+    if size > 1:
+        register_ddp_hook(model, parse_variant(args.variant)[1], args.ppn)
     opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum,
                           weight_decay=weight_decay)
     walls, starts = [], []
@@ -202,14 +243,14 @@ def parse_layout(text):
 def parse_variant(text):
     """"c8-fp8-async" → ("caffe8", "fp8", True); "ddp-fp16" → ("ddp", "fp16", None)."""
     parts = text.split("-")
-    if parts[0] == "ddp" and len(parts) == 2 and parts[1] in ("fp32", "fp16"):
+    if parts[0] == "ddp" and len(parts) == 2 and parts[1] in DDP_HOOKS:
         return "ddp", parts[1], None
     if text == "mpi-fp32":
         return "mpi", "fp32", None
     if parts[0] == "c8" and len(parts) == 3 and parts[2] in ("sync", "async"):
         return "caffe8", parts[1], parts[2] == "async"
     raise SystemExit(f"cluster_bench: error: unknown variant {text!r} (c8-<codec>-<sync|async>, "
-                     f"ddp-fp32, ddp-fp16, mpi-fp32)")
+                     f"{', '.join('ddp-' + v for v in DDP_HOOKS)}, mpi-fp32)")
 
 
 def run_caffe8(cluster, args, solver, run_dir, codec, asynchronous, nodes, ppn):
@@ -254,7 +295,8 @@ def run_ddp(cluster, args, solver, run_dir, variant, nodes, ppn):
     log = os.path.join(run_dir, "ddp.log")
     worker = "--mpi-worker" if variant == "mpi-fp32" else "--ddp-worker"
     argv = [args.python, "-m", "scripts.cluster_bench", worker, "--variant", variant,
-            "--solver", solver, "--iters", str(args.iters), "--master", cluster.address(0)]
+            "--solver", solver, "--iters", str(args.iters), "--master", cluster.address(0),
+            "--ppn", str(ppn)]
     rc = _cluster_run(cluster, argv, ppn, log, args.timeout, nodes=nodes,
                       real=_real_compute(solver))
     with open(log, encoding="utf-8", errors="replace") as f:
@@ -376,11 +418,16 @@ def sweep(args):
     return rows
 
 
+def _label(net):
+    """A folder name for ``net``: its name, or for a solver path the folder holding it."""
+    return net if net in NETS else os.path.basename(os.path.dirname(os.path.abspath(net)))
+
+
 def _round(cluster, args, net, rate, rnd, layouts, variants):
     solver = os.path.join(REPO, NETS.get(net, net))
     rows, base = [], {}
     for side in sorted({kind for _, (kind, _, _) in variants} - {"mpi"}):
-        d = os.path.join(args.out, net, f"base_{side}")
+        d = os.path.join(args.out, _label(net), f"base_{side}")
         walls = (run_caffe8(cluster, args, solver, d, "fp32", False, 1, 1) if side == "caffe8"
                  else run_ddp(cluster, args, solver, d, "ddp-fp32", 1, 1))[0]
         base[side] = statistics.median(walls)
@@ -388,7 +435,7 @@ def _round(cluster, args, net, rate, rnd, layouts, variants):
               flush=True)
     for nodes, ppn in layouts:
         for name, (kind, codec, asynchronous) in variants:
-            run_dir = os.path.join(args.out, net, rate, f"{nodes}x{ppn}", name)
+            run_dir = os.path.join(args.out, _label(net), rate, f"{nodes}x{ppn}", name)
             load = os.getloadavg()[0]
             sampler = LinkSampler(cluster)
             try:
@@ -528,6 +575,7 @@ def main(argv=None):
     ap.add_argument("--variant", help=argparse.SUPPRESS)
     ap.add_argument("--solver", help=argparse.SUPPRESS)
     ap.add_argument("--master", help=argparse.SUPPRESS)
+    ap.add_argument("--ppn", type=int, default=1, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.ddp_worker:
         return ddp_worker(args)

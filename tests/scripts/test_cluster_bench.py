@@ -15,12 +15,14 @@ def test_layouts_and_variants_parse_or_fail_with_one_line():
     assert cb.parse_variant("c8-fp8-async") == ("caffe8", "fp8", True)
     assert cb.parse_variant("c8-fp32-sync") == ("caffe8", "fp32", False)
     assert cb.parse_variant("ddp-fp16") == ("ddp", "fp16", None)
+    assert cb.parse_variant("ddp-powersgd4") == ("ddp", "powersgd4", None)
+    assert cb.parse_variant("ddp-fp8h") == ("ddp", "fp8h", None)
     assert cb.parse_variant("mpi-fp32") == ("mpi", "fp32", None)
     for bad in ("2by1", "0x1"):
         with pytest.raises(SystemExit, match="--layouts"):
             cb.parse_layout(bad)
-    with pytest.raises(SystemExit, match="unknown variant 'ddp-fp8'"):
-        cb.parse_variant("ddp-fp8")
+    with pytest.raises(SystemExit, match="unknown variant 'ddp-fp4'.*ddp-bf16, ddp-powersgd1"):
+        cb.parse_variant("ddp-fp4")
 
 
 def _row(variant, rnd, it, nodes=2, base=500.0):
@@ -85,3 +87,100 @@ def test_lenet_is_real_compute_with_inputs_for_its_data_layers():
     caffe_params = 20 * 25 + 20 + 50 * 20 * 25 + 50 + 500 * 800 + 500 + 10 * 500 + 10
     assert sum(p.numel() for p in model.parameters()) == caffe_params
     assert tuple(model(torch.zeros(cb.LENET_INPUTS["data"])).shape) == (64, 10)
+
+
+def test_the_pytorch_emulated_net_sleeps_its_times_with_gradients_of_one():
+    """The DDP side's net: one zero parameter per tensor of each group, the group's forward and
+    backward times slept, every gradient 1 (caffe8's Reduction SUM losses)."""
+    import time
+    torch = pytest.importorskip("torch")
+    groups = [("a/emulate", [(30, 4), (30,)], 20.0, 40.0), ("b/emulate", [(7,)], 10.0, 30.0)]
+    net = cb.emulated_module(torch, groups)
+    assert [tuple(p.shape) for p in net.parameters()] == [(30, 4), (30,), (7,)]
+    assert all(not p.detach().any() for p in net.parameters())
+    t0 = time.perf_counter()
+    loss = net(torch.zeros(1))
+    t1 = time.perf_counter()
+    loss.backward()
+    t2 = time.perf_counter()
+    assert t1 - t0 >= 0.030 and t2 - t1 >= 0.070
+    assert all(torch.equal(p.grad, torch.ones_like(p)) for p in net.parameters())
+
+
+TINY_NET = """name: "TinyEmulated"
+layer { name: "data" type: "DummyData" top: "data"
+        dummy_data_param { shape { dim: 8 dim: 1 } } }
+layer { name: "silence_data" type: "Silence" bottom: "data" }
+layer { name: "fc_w" type: "Parameter" top: "fc_w"
+        parameter_param { shape { dim: 512 dim: 1024 } } }
+layer { name: "fc_b" type: "Parameter" top: "fc_b" parameter_param { shape { dim: 512 } } }
+layer { name: "fc/emulate" type: "EmulatedCompute" bottom: "fc_w" top: "fc_w"
+        emulate_param { forward_ms: 2 backward_ms: 4 } }
+layer { name: "fc_w_sum" type: "Reduction" bottom: "fc_w" top: "fc_w_sum"
+        reduction_param { operation: SUM } loss_weight: 1 }
+layer { name: "fc_b_sum" type: "Reduction" bottom: "fc_b" top: "fc_b_sum"
+        reduction_param { operation: SUM } loss_weight: 1 }
+"""
+TINY_SOLVER = """net: "train.prototxt"
+base_lr: 0.01 lr_policy: "fixed" momentum: 0.9 max_iter: 10 snapshot: 0
+snapshot_prefix: "runs/tiny/tiny" solver_mode: CPU random_seed: 1
+comm { codec: "fp8" }
+"""
+
+
+def _tiny_solver(tmp_path):
+    folder = tmp_path / "tiny_emulated"
+    folder.mkdir()
+    (folder / "train.prototxt").write_text(TINY_NET)
+    (folder / "solver.prototxt").write_text(TINY_SOLVER)
+    return str(folder / "solver.prototxt")
+
+
+@pytest.mark.mpi
+@pytest.mark.timeout(300)
+def test_every_hook_runs_in_the_ddp_worker(tmp_path):
+    """Each ddp-<hook> variant trains the emulated net under mpiexec (no cluster needed);
+    PowerSGD with two buckets included, which deadlocked on gloo before its buckets were made
+    to go one at a time."""
+    pytest.importorskip("torch")
+    import json
+    import subprocess
+    import sys
+    mpiexec = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+    if not os.path.exists(mpiexec):
+        pytest.skip("no mpiexec next to the Python interpreter")
+    solver = _tiny_solver(tmp_path)
+    for variant in ("ddp-powersgd4", "ddp-bf16", "ddp-fp8h"):
+        r = subprocess.run([mpiexec, "-n", "2", sys.executable, "-m", "scripts.cluster_bench",
+                            "--ddp-worker", "--variant", variant, "--solver", solver,
+                            "--iters", "4", "--master", "127.0.0.1", "--ppn", "1"], cwd=REPO,
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                           timeout=120, env=dict(os.environ, PYTHONPATH=REPO))
+        assert r.returncode == 0, (variant, r.stdout[-3000:])
+        line = [ln for ln in r.stdout.splitlines() if ln.startswith("DDP-RESULT ")][-1]
+        walls = json.loads(line.split(" ", 1)[1])["walls"]
+        assert len(walls) == 4 and min(walls) >= 0.006, (variant, walls)   # 2 + 4 ms slept
+
+
+@pytest.mark.mpi
+@pytest.mark.timeout(300)
+def test_the_fp8_hook_sends_a_quarter_of_ddps_bytes_over_the_shaped_link(tmp_path):
+    """A tiny configuration of the whole benchmark on a real emulated cluster (2 nodes of one
+    process, 1 Gbit/s): the link's byte counter per iteration, fp8 hook against DDP's float32."""
+    pytest.importorskip("torch")
+    from scripts import emulated_cluster as ec
+    ok, why = ec.available()
+    if not ok:
+        pytest.skip(f"no emulated cluster here: {why}")
+    out = tmp_path / "cb.csv"
+    rc = cb.main(["--nets", _tiny_solver(tmp_path), "--layouts", "2x1", "--rates", "1gbit",
+                  "--variants", "ddp-fp32,ddp-fp8", "--iters", "5", "--skip", "2",
+                  "--rounds", "1", "--out", str(tmp_path / "runs"), "--csv", str(out),
+                  "--prefix", "c8cb", "--timeout", "150"])
+    assert rc == 0
+    import csv
+    rows = {r["variant"]: r for r in csv.DictReader(open(out)) if r["round"] == "all"}
+    assert set(rows) == {"ddp-fp32", "ddp-fp8"}
+    fp32, fp8 = float(rows["ddp-fp32"]["link_mb"]), float(rows["ddp-fp8"]["link_mb"])
+    # 512 x 1024 gradients: float32's ring moves 2 MB a rank and iteration, fp8 a quarter
+    assert 1.9 < fp32 < 2.6 and fp8 < 0.35 * fp32, rows
