@@ -107,7 +107,11 @@ def run_test(model, weights, iterations, world, log):
 
 
 def run_time(model, iterations, log, phase="TRAIN"):
-    """Average per-layer forward and backward milliseconds over ``iterations`` (Caffe's ``time``)."""
+    """Average per-layer forward and backward milliseconds over ``iterations`` (Caffe's ``time``).
+
+    As BVLC's tools/caffe.cpp time(), every layer's Backward runs, whether or not the net needs
+    its gradient (a deploy net with no loss included), with the net's propagate_down flags: so
+    the parameter gradients of a deploy net's layers are timed too."""
     if iterations < 1:
         raise CaffeError(f"--iterations must be >= 1, got {iterations}")
     net = Net(model, phase=phase, log=log)  # the net's setup log, as Caffe's tool writes it
@@ -135,8 +139,7 @@ def run_time(model, iterations, log, phase="TRAIN"):
         t_iter = time.perf_counter()
         for i in reversed(range(n)):
             t = time.perf_counter()
-            if net.layer_need_backward[i]:
-                net.layers[i].backward(net.top_vecs[i], net.bottom_need_backward[i], net.bottom_vecs[i])
+            net.layers[i].backward(net.top_vecs[i], net.bottom_need_backward[i], net.bottom_vecs[i])
             _sync()
             bwd[i] += time.perf_counter() - t
         total_b += time.perf_counter() - t_iter

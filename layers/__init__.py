@@ -6,6 +6,7 @@ factory (``from caffe8 import layers as L; L.Convolution(...)``): a name that is
 """
 from caffe8.layers import gru  # noqa: F401
 from caffe8.layers import conv  # noqa: F401
+from caffe8.layers import im2col_layer  # noqa: F401
 from caffe8.layers import pooling  # noqa: F401
 from caffe8.layers import lrn  # noqa: F401
 from caffe8.layers import inner_product  # noqa: F401

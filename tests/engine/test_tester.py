@@ -73,3 +73,34 @@ def test_caffe8_test_logs_each_element_under_the_blobs_own_name_as_caffe(tmp_pat
                      "Batch 1, ip = 3", "Batch 1, ip = 3", "Batch 1, loss = 4",
                      "Loss: 2", "ip = 3", "ip = 3", "loss = 4 (* 0.5 = 2 loss)"]
     assert scores == {"ip": [3.0, 3.0], "loss": 4.0} and loss == 2.0
+
+
+DEPLOY = """name: "deploy"
+layer { name: "data" type: "Input" top: "data" input_param { shape { dim: 2 dim: 3 dim: 8 dim: 8 } } }
+layer { name: "conv1" type: "Convolution" bottom: "data" top: "conv1"
+  convolution_param { num_output: 4 kernel_size: 3 } }
+layer { name: "relu1" type: "ReLU" bottom: "conv1" top: "conv1" }
+layer { name: "fc" type: "InnerProduct" bottom: "conv1" top: "fc" inner_product_param { num_output: 5 } }
+layer { name: "prob" type: "Softmax" bottom: "fc" top: "prob" }
+"""
+
+
+def test_time_runs_every_layers_backward_on_a_deploy_net(monkeypatch):
+    """BVLC's time() calls Backward on each layer whether or not the net needs it: a deploy net
+    (no loss, so no layer needs backward) still reports its layers' backward work."""
+    from caffe8.engine.layer import LAYERS
+    from caffe8.engine.tester import run_time
+    calls = {}
+    for kind in ("Convolution", "ReLU", "InnerProduct", "Softmax"):
+        real = LAYERS[kind].backward
+
+        def counted(self, top, propagate_down, bottom, real=real, kind=kind):
+            calls[kind] = calls.get(kind, 0) + 1
+            assert not any(propagate_down)  # the net's flags: nothing needs a bottom gradient
+            return real(self, top, propagate_down, bottom)
+        monkeypatch.setattr(LAYERS[kind], "backward", counted)
+    lines = []
+    fwd, bwd = run_time(parse_text(DEPLOY, "deploy.prototxt"), 3, lines.append, phase="TEST")
+    assert calls == {"Convolution": 3, "ReLU": 3, "InnerProduct": 3, "Softmax": 3}
+    assert len(bwd) == 5 and bwd[1] > 0 and bwd[3] > 0
+    assert any(line.startswith("Average Backward pass: ") for line in lines)
