@@ -312,9 +312,6 @@ class Net:
         """Set output diffs from ``kwargs``, run backward from layer ``start`` down to ``end``,
         return {blob: diff} for the inputs (or ``end``'s bottoms) plus ``diffs``."""
         check_mode("Net.backward")
-        if not self._net.forwards:
-            raise CaffeError("Net.backward(): no forward pass has run on this net yet; call "
-                             "net.forward() first (backward reads what forward computed)")
         diffs = list(diffs or [])
         n = len(self._net.layers)
         start_i = n - 1 if start is None else self._layer_index(start, "backward start")
@@ -326,7 +323,13 @@ class Net:
         self._net.seed_loss_diffs()
         if kwargs:
             self._set_arrays(kwargs, self.outputs, "diff", "top diff")
-        self._net.backward_from_to(start_i, end_i)
+        try:
+            self._net.backward_from_to(start_i, end_i)
+        except Exception as e:  # as pycaffe, backward may run first; say so when it then fails
+            if not self._net.forwards and e.args and isinstance(e.args[0], str):
+                e.args = (f"{e.args[0]} (Net.backward() ran before any forward pass: layers "
+                          "read what forward computed; call net.forward() first)",) + e.args[1:]
+            raise
         return {name: self._net.blobs[name].diff for name in dict.fromkeys(outputs)}
 
     def _batch(self, arrays):

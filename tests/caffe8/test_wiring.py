@@ -100,7 +100,7 @@ def _calls(path):
 
 
 def test_the_cli_and_pycaffe_compose_a_run_through_the_wiring_alone():
-    cli_calls, _ = _calls(os.path.join(CAFFE8, "cli.py"))
+    cli_calls, _ = _calls(os.path.join(CAFFE8, "tools", "train.py"))
     solver_calls, solver_imports = _calls(os.path.join(CAFFE8, "pysolver.py"))
     assert {"read_solver", "build_trainer"} <= cli_calls & solver_calls
     assert "caffe8.cli" not in solver_imports
