@@ -57,6 +57,18 @@ def test_time_without_the_data_takes_the_data_shape(tmp_path, capsys, monkeypatc
     assert "Average Forward-Backward:" in err
 
 
+@pytest.mark.slow
+def test_time_times_caffenets_train_val_without_imagenet(tmp_path, capsys, monkeypatch):
+    """Issue 33's acceptance: BVLC's CaffeNet train_val (ImageNet LMDBs and mean file absent)
+    is timed with --data-shape from a folder that holds no data; its label follows the batch."""
+    monkeypatch.chdir(tmp_path)
+    model = os.path.join(REPO, "prototxt/caffenet/train_val.prototxt")
+    assert main(["time", "-model", model, "-iterations", "1", "--data-shape",
+                 "data=1,3,227,227"]) == 0
+    err = capsys.readouterr().err
+    assert re.search(r"fc8\tbackward: [\d.e+-]+ ms\.", err) and "Total Time:" in err
+
+
 def test_train_then_test_then_finetune(in_digits_cwd, tmp_path, capsys):
     solver = write_solver(tmp_path, max_iter=60, display=0, test_interval=0, test_iter=[], snapshot=0)
     assert main(["train", "--solver", solver]) == 0
