@@ -31,6 +31,12 @@ class _Blocking:
             if polls % 16 == 0:     # more processes than cores: let the awaited one run
                 os.sched_yield()
 
+    def wait_blocking(self, block):
+        """Return once ``block(seconds)`` (a wait of at most that long, without the GIL) says
+        it is done."""
+        while not block(1.0):
+            pass
+
 
 BLOCKING = _Blocking()
 

@@ -41,7 +41,7 @@ from caffe8.engine.native import compile_cached, declare, load_library
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _SOURCE = os.path.join(_HERE, "csrc", "kernels.c")
-_ABI_VERSION = 7                       # must equal C8_ABI_VERSION in kernels.c
+_ABI_VERSION = 8                       # must equal C8_ABI_VERSION in kernels.c
 _PATH_BITS = (("avx512", 4), ("avx2", 2), ("portable", 1))
 _CFLAGS = ["-O3", "-std=c99", "-fno-trapping-math", "-ffp-contract=off"]   # as in setup.py
 
@@ -89,9 +89,12 @@ def _signatures():
         "c8_decode_half": (None, [u8, f32, n]),
         "c8_fp8_map": (None, [u8, u8, n]),
         "c8_cpu_paths": (ctypes.c_int, []),
-        "c8_shm_arrive": (None, [ctypes.c_void_p, ctypes.c_uint64]),
-        "c8_shm_poll": (ctypes.c_int, [ctypes.c_void_p, n, ctypes.c_int, ctypes.c_uint64,
-                                       ctypes.c_int]),
+        "c8_shm_arrive": (None, [ctypes.c_void_p, ctypes.c_uint64, ctypes.c_void_p]),
+        "c8_shm_wait": (ctypes.c_int, [ctypes.c_void_p, n, ctypes.c_int, ctypes.c_uint64,
+                                       ctypes.c_void_p, ctypes.c_int64]),
+        "c8_mpi_wait": (ctypes.c_int, [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int,
+                                       ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
+                                       ctypes.c_int64]),
     })
     return table
 
@@ -247,12 +250,20 @@ def library_file():
 
 
 def shm_barrier_functions():
-    """(arrive, poll) of the node-shared barrier (C, with release/acquire ordering), or None
-    without the C library: ``arrive(own_counter_address, epoch)``;
-    ``poll(base_address, stride, n, epoch, spins) -> 1`` once all n counters reached epoch."""
+    """(arrive, wait) of the node-shared barrier (C, with release/acquire ordering and a futex),
+    or None without the C library: ``arrive(own_counter_address, epoch, futex_address)``;
+    ``wait(base_address, stride, n, epoch, futex_address, timeout_ns) -> 1`` once all n
+    counters reached epoch, 0 at the timeout; it sleeps on the futex without the GIL."""
     if _lib is None:
         return None
-    return _lib.c8_shm_arrive, _lib.c8_shm_poll
+    return _lib.c8_shm_arrive, _lib.c8_shm_wait
+
+
+def mpi_wait_function():
+    """``c8_mpi_wait(test, requests, n, status, timeout_ns, hot_ns, sleep_ns)``: MPI requests
+    completed by the MPI library's own MPI_Test (``test``, its address) in a loop without the
+    GIL (comm/csrc/kernels.c), or None without the C library."""
+    return None if _lib is None else _lib.c8_mpi_wait
 
 
 #: the functions compiled once per path (``c8_<name>_<path>``); the others are ``c8_<name>``

@@ -15,9 +15,12 @@ behind. If any step fails on any process (no /dev/shm, too small, permissions), 
 the node gets ``None`` with the reason and the transports keep using messages.
 
 The stages synchronise through the mapping as well: each process's first cache line is its
-barrier counter (C atomics with release/acquire ordering, comm/csrc/kernels.c), polled under
-the collective watchdog, so a stalled process is named as for any collective — a barrier costs
-a cache-line transfer instead of an MPI round trip.
+barrier counter (C atomics with release/acquire ordering, comm/csrc/kernels.c), and the first
+segment's control line also holds the node's futex word, which every arrival bumps and wakes: a
+waiting process spins briefly, then sleeps on the futex in C, without the GIL, in slices under
+the collective watchdog, so a stalled process is named as for any collective and the compute
+thread is never held up by a poll — a barrier costs a cache-line transfer instead of an MPI
+round trip.
 
 On a GPU the own segment is page-locked (``backend.pin_host``) so the asynchronous device
 copies into and out of it run as they do with pinned buffers.
@@ -35,8 +38,8 @@ from caffe8.engine import backend
 
 SHM_DIR = "/dev/shm"
 ALIGN = 64          # bytes: every buffer starts on a cache line
-CONTROL = 64        # bytes at the start of each segment: the process's barrier counter
-POLL_SPINS = 256    # counter checks per poll call (with a pause each) before Python looks again
+CONTROL = 64        # bytes at the start of each segment: the process's barrier counter (and,
+FUTEX = 8           # in the first segment, at this offset, the node's futex word)
 
 
 def _round_up(n, to):
@@ -63,6 +66,7 @@ class SharedArena:
         self._next = CONTROL                # the first cache line holds the barrier counter
         self._epoch = 0
         self._counters = kernels.shm_barrier_functions()    # None: no C library, MPI barriers
+        self._futex = self._base + FUTEX
         self._unpin = backend.pin_host(self.views[rank])
 
     @classmethod
@@ -121,17 +125,19 @@ class SharedArena:
     def barrier(self, comm, waiter):
         """All of the node's processes reach this point (every write before it is seen by all
         after it). Through the counters in shared memory — a release store of this process's
-        epoch, acquire loads of the others', no message — polled under ``waiter`` (the
-        watchdog's deadline in training); ``comm``'s MPI barrier when the C kernels are
-        missing."""
+        epoch, acquire loads of the others', no message — waited for on the node's futex, in C
+        without the GIL, under ``waiter`` (the watchdog's deadline in training); ``comm``'s MPI
+        barrier when the C kernels are missing."""
         if self._counters is None:
             collective(waiter, "Barrier", comm)
             return
-        arrive, poll = self._counters
+        arrive, wait = self._counters
         self._epoch += 1
-        epoch, base, stride, n = self._epoch, self._base, self.segment, self.size
-        arrive(self._own, epoch)
-        waiter.wait_until(lambda: poll(base, stride, n, epoch, POLL_SPINS))
+        epoch, base, stride, n, futex = self._epoch, self._base, self.segment, self.size, \
+            self._futex
+        arrive(self._own, epoch, futex)
+        waiter.wait_blocking(lambda seconds: wait(base, stride, n, epoch, futex,
+                                                  int(seconds * 1e9)))
 
     def alloc(self, length, dtype):
         """A zeroed buffer of ``length`` items in this process's segment, or None when full."""

@@ -1,9 +1,13 @@
 """Collective watchdog: a rank stuck in an exchange names the rank it waits for, then the job ends.
 
 In the manner of Horovod's stall check and PyTorch's process-group timeout. Every collective of
-the exchange is nonblocking and completed by :meth:`Watchdog.wait`, a ``Test`` loop with a
-deadline on the thread that started it, so only one thread ever calls MPI at a time
-(MPI_THREAD_SERIALIZED). After half of ``comm.stall_timeout`` the rank logs a warning; after all
+the exchange is nonblocking and completed by :meth:`Watchdog.wait` with a deadline, on the thread
+that started it, so only one thread ever calls MPI at a time (MPI_THREAD_SERIALIZED). The wait
+blocks without the GIL: a C loop calls the MPI library's own MPI_Test (comm/csrc/kernels.c's
+``c8_mpi_wait``; the node-shared barrier sleeps on a futex the same way, comm/shm.py) for at
+most one census interval at a time, so the compute thread never has to hand the GIL to a
+polling thread; between two slices the watchdog answers the others' questions and checks its
+deadline. Without the C library it polls ``Testall`` from Python, as before. After half of ``comm.stall_timeout`` the rank logs a warning; after all
 of it, a census on a private duplicate of the communicator finds out who is missing: the rank
 asks every other rank for its progress (iteration, number of collectives started), answers the
 others' questions while it waits, and after a short grace period blames the ranks that did not
@@ -17,19 +21,22 @@ for long — writing a snapshot, testing, reading its first data — announced w
 :meth:`Watchdog.busy`: a rank that hears "busy" logs what it waits for once and waits another
 ``stall_timeout``, so the deadline applies to each period without news, not to the whole wait.
 """
+import ctypes
 import os
 import threading
 import time
 
 import numpy
 
+from caffe8.comm import kernels
 from caffe8.comm.mpi import mpi_module
 from caffe8.engine.errors import CaffeError
 
 _ASK, _TELL = 7101, 7102
-# A short spin, then a sleep between polls: every Test call takes the GIL, and a long spin made
-# the compute thread of the asynchronous exchange fight the communication thread for it
-# (overlap_bench: async wall 165-241 ms with 2000 spins against 116-135 ms with 20).
+# The poll from Python (without the C kernels): a short spin, then a sleep between polls: every
+# Test call takes the GIL, and a long spin made the compute thread of the asynchronous exchange
+# fight the communication thread for it (overlap_bench: async wall 165-241 ms with 2000 spins
+# against 116-135 ms with 20). The C wait keeps _HOT and _SLEEP, without the GIL.
 _SPIN = 20                # Test calls before the loop starts sleeping between polls
 _HOT = 2e-3               # seconds of polling with time.sleep(0) in between: the GIL goes to
                           # other threads, yet MPICH, which only advances a transfer inside Test,
@@ -100,23 +107,42 @@ class Watchdog:
 
     # --- waiting --------------------------------------------------------------------------------
     def wait(self, requests):
-        """Complete ``requests`` (one or a list), or raise StallError after the timeout."""
+        """Complete ``requests`` (one or a list), or raise StallError after the timeout: in C
+        without the GIL where the kernels and the MPI library's MPI_Test are at hand, else by
+        polling ``Testall``."""
         reqs = requests if isinstance(requests, list) else [requests]
-        testall = self.MPI.Request.Testall
-        self.wait_until(lambda: testall(reqs))
+        test = _mpi_test_address(self.MPI)
+        if test is None:
+            testall = self.MPI.Request.Testall
+            self.wait_until(lambda: testall(reqs))
+        else:
+            self.wait_blocking(_RequestWait(self.MPI, reqs, test))
 
     def wait_until(self, done):
-        """Return once ``done()`` (a poll: MPI requests, or the node-shared barrier's counters)
-        is true, or raise StallError after the timeout."""
+        """Return once ``done()`` (a poll) is true, or raise StallError after the timeout: a
+        short spin, then polls with a sleep between them (every poll takes the GIL)."""
+        start, polls = time.monotonic(), 0
+
+        def poll(seconds):
+            nonlocal polls
+            if done():
+                return True
+            polls += 1
+            if polls >= _SPIN:
+                time.sleep(0.0 if time.monotonic() - start < _HOT else _SLEEP)
+            return False
+        self.wait_blocking(poll)
+
+    def wait_blocking(self, block):
+        """Return once ``block(seconds)`` — a wait of at most ``seconds`` that says whether it
+        is done, e.g. in C without the GIL (MPI requests, the node-shared barrier's futex) —
+        says so, or raise StallError after the timeout; between two waits the others'
+        questions are answered and the deadline is checked."""
         self.started += 1
         start = time.monotonic()
-        polls, warned, next_census, quiet = 0, False, start + _CENSUS_EVERY, 0
-        while not done():
-            polls += 1
-            if polls < _SPIN:
-                continue
-            now = time.monotonic()
-            time.sleep(0.0 if now - start < _HOT else _SLEEP)
+        warned, next_census, quiet = False, start + _CENSUS_EVERY, 0
+        done = lambda: block(0.0)     # noqa: E731  (one look: the census's early end)
+        while not block(_CENSUS_EVERY):
             now = time.monotonic()
             if now >= next_census:
                 self._answer_questions()
@@ -226,6 +252,46 @@ class _Busy:
         self._thread.join()
         self.watchdog.phase = _WAITING
         return False
+
+
+_MPI_TEST = []          # [address of MPI_Test or None], looked up once
+
+
+def _mpi_test_address(MPI):
+    """Address of MPI_Test in the MPI library mpi4py loaded (found through mpi4py's own
+    module, whose dependencies it is), or None without it or without the C kernels."""
+    if not _MPI_TEST:
+        address = None
+        if kernels.mpi_wait_function() is not None:
+            try:
+                address = ctypes.cast(ctypes.CDLL(MPI.__file__).MPI_Test, ctypes.c_void_p).value
+            except (OSError, AttributeError):
+                address = None
+        _MPI_TEST.append(address)
+    return _MPI_TEST[0]
+
+
+class _RequestWait:
+    """``block(seconds)`` of :meth:`Watchdog.wait_blocking` for MPI requests: comm.kernels'
+    ``c8_mpi_wait`` calls MPI_Test on each request's handle (which it sets to
+    MPI_REQUEST_NULL when it completes, so the request objects see it) without the GIL, yielding
+    the core for the first ``_HOT`` seconds of the wait and sleeping ``_SLEEP`` between rounds
+    after that, the policy of the Python poll."""
+
+    def __init__(self, MPI, requests, test):
+        self.MPI, self.requests, self.test = MPI, requests, test     # requests: kept alive
+        self.handles = (ctypes.c_void_p * len(requests))(*[MPI._addressof(r) for r in requests])
+        self.status = ctypes.create_string_buffer(max(MPI._sizeof(MPI.Status), 64))
+        self.wait = kernels.mpi_wait_function()
+        self.start = time.monotonic()
+
+    def __call__(self, seconds):
+        hot = max(0.0, _HOT - (time.monotonic() - self.start))
+        code = self.wait(self.test, self.handles, len(self.requests), self.status,
+                         int(seconds * 1e9), int(hot * 1e9), int(_SLEEP * 1e9))
+        if code < 0:
+            raise self.MPI.Exception(-code)
+        return code == 1
 
 
 def _stderr(text):

@@ -35,9 +35,18 @@
  * finite codes, always towards zero. Where Algorithm 2 subtracts one from every all-ones
  * exponent, NaN codes here stay NaN (its subtraction would turn the NaN 0x7D into infinity).
  */
+#define _GNU_SOURCE               /* syscall, clock_gettime, nanosleep, sched_yield under -std=c99 */
+#include <limits.h>
+#include <sched.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
+#include <time.h>
+#include <unistd.h>
+#ifdef __linux__
+#include <linux/futex.h>
+#include <sys/syscall.h>
+#endif
 
 #include "c8_kernels.h"           /* C8_X86, C8_ABI: engine/csrc/c8_kernels.h */
 #if C8_X86
@@ -45,9 +54,10 @@
 #include <immintrin.h>
 #endif
 
-#define C8_ABI_VERSION 7     /* 2: encode_ratio / decode_ratio; 3: the Algorithm 2 sum; 4: shm barrier;
+#define C8_ABI_VERSION 8     /* 2: encode_ratio / decode_ratio; 3: the Algorithm 2 sum; 4: shm barrier;
                                 5: half conversions; 6: fp8_map; 7: the Algorithm 2 sum renamed
-                                c8_fp8_sum_oyama_* */
+                                c8_fp8_sum_oyama_*; 8: blocking waits (c8_shm_wait's futex,
+                                c8_mpi_wait) instead of c8_shm_poll */
 
 enum { C8_PATH_PORTABLE = 1, C8_PATH_AVX2 = 2, C8_PATH_AVX512 = 4 };
 
@@ -646,29 +656,106 @@ int c8_cpu_paths(void)
 }
 
 /* ---------------------------------------------------------------------------------------------
- * The node-shared barrier of comm/shm.py. Each process of a node owns one uint64 counter at the
+ * Waiting without the GIL (comm/shm.py's barrier, comm/watchdog.py's collectives). ctypes
+ * releases the GIL for the length of each call, so a thread waiting here leaves the compute
+ * thread alone; every wait returns after at most timeout_ns, so the Python side keeps its
+ * deadline, its census and its warnings (the collective watchdog) between two calls.
+ * ------------------------------------------------------------------------------------------- */
+static int64_t c8_now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+static void c8_sleep_ns(int64_t ns)
+{
+    struct timespec ts = {(time_t)(ns / 1000000000), (long)(ns % 1000000000)};
+    nanosleep(&ts, NULL);
+}
+
+/* The node-shared barrier of comm/shm.py. Each process of a node owns one uint64 counter at the
  * start of its segment of the shared mapping; a barrier is "publish my epoch, then wait until
  * every counter has reached it". The release store orders every earlier write of this process
  * (its reduced block, its encoded payload) before the counter; the acquire loads order the
  * counter before the reads that follow, so the blocks are complete when the peers read them,
- * on weakly ordered CPUs too.
- * ------------------------------------------------------------------------------------------- */
-void c8_shm_arrive(uint64_t *own, uint64_t epoch) {
+ * on weakly ordered CPUs too. A waiter sleeps on the node's futex word (a uint32 in the first
+ * segment's control line, which every arrival bumps and wakes): the processes map one file, so
+ * the futex is shared (no FUTEX_PRIVATE_FLAG). */
+void c8_shm_arrive(uint64_t *own, uint64_t epoch, uint32_t *futex)
+{
     __atomic_store_n(own, epoch, __ATOMIC_RELEASE);
+    __atomic_fetch_add(futex, 1u, __ATOMIC_SEQ_CST);
+#ifdef __linux__
+    syscall(SYS_futex, futex, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
+#endif
 }
 
-/* 1 once the counters of all n processes (at base + j * stride) are >= epoch, after at most
- * `spins` rounds of checking; 0 if not yet (the caller decides how long to keep waiting). */
-int c8_shm_poll(const unsigned char *base, size_t stride, int n, uint64_t epoch, int spins) {
-    for (int s = 0; s < spins; s++) {
-        int j = 0;
-        while (j < n && __atomic_load_n((const uint64_t *)(base + (size_t)j * stride),
-                                        __ATOMIC_ACQUIRE) >= epoch)
-            j++;
-        if (j == n) return 1;
+static int c8_shm_all_arrived(const unsigned char *base, size_t stride, int n, uint64_t epoch)
+{
+    int j = 0;
+    while (j < n && __atomic_load_n((const uint64_t *)(base + (size_t)j * stride),
+                                    __ATOMIC_ACQUIRE) >= epoch)
+        j++;
+    return j == n;
+}
+
+/* 1 once the counters of all n processes (at base + j * stride) are >= epoch; 0 if they are not
+ * within timeout_ns. A short spin first (a peer usually arrives within microseconds), then
+ * the futex: the word is read before the counters are checked, and an arrival stores its
+ * counter before it bumps the word, so a wake-up between the two is never lost. */
+int c8_shm_wait(const unsigned char *base, size_t stride, int n, uint64_t epoch, uint32_t *futex,
+                int64_t timeout_ns)
+{
+    int64_t start = c8_now_ns();
+    for (int s = 0; s < 256; s++) {
+        if (c8_shm_all_arrived(base, stride, n, epoch)) return 1;
 #if C8_X86
         _mm_pause();
 #endif
     }
-    return 0;
+    for (;;) {
+        uint32_t seen = __atomic_load_n(futex, __ATOMIC_SEQ_CST);
+        if (c8_shm_all_arrived(base, stride, n, epoch)) return 1;
+        int64_t left = timeout_ns - (c8_now_ns() - start);
+        if (left <= 0) return 0;
+#ifdef __linux__
+        struct timespec ts = {(time_t)(left / 1000000000), (long)(left % 1000000000)};
+        syscall(SYS_futex, futex, FUTEX_WAIT, seen, &ts, NULL, 0);
+#else
+        (void)seen;
+        c8_sleep_ns(left < 50000 ? left : 50000);
+#endif
+    }
+}
+
+/* Completion of MPI requests through the MPI library's own MPI_Test (``test``, a pointer the
+ * caller takes from the library mpi4py loaded: this library does not link MPI): requests[i]
+ * points at request i's handle, which MPI_Test sets to MPI_REQUEST_NULL when it completes, so
+ * the caller's request objects see the completion. MPICH advances a transfer only inside a
+ * call, so the loop keeps calling: yielding the core for the first hot_ns, then sleeping
+ * sleep_ns between rounds (a slow peer: leave it the core). 1 when every request completed, 0
+ * at timeout_ns, -code when MPI_Test failed with that error code. */
+typedef int (*c8_mpi_test_fn)(void *request, int *flag, void *status);
+
+int c8_mpi_wait(void *test, void **requests, int n, void *status, int64_t timeout_ns,
+                int64_t hot_ns, int64_t sleep_ns)
+{
+    c8_mpi_test_fn fn = (c8_mpi_test_fn)test;
+    int64_t start = c8_now_ns();
+    for (;;) {
+        int left = 0;
+        for (int i = 0; i < n; i++) {
+            if (requests[i] == NULL) continue;
+            int flag = 0, err = fn(requests[i], &flag, status);
+            if (err) return -err;
+            if (flag) requests[i] = NULL;
+            else left++;
+        }
+        if (!left) return 1;
+        int64_t waited = c8_now_ns() - start;
+        if (waited >= timeout_ns) return 0;
+        if (waited < hot_ns) sched_yield();
+        else c8_sleep_ns(sleep_ns);
+    }
 }

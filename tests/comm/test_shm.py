@@ -92,3 +92,47 @@ def test_an_error_during_agreement_still_removes_the_file(self_comm, monkeypatch
     with pytest.raises(RuntimeError):
         shm.SharedArena.create(Failing(), 4096)
     assert caffe8_files() <= before
+
+
+def _counters(n):
+    """n barrier counters one segment (4096 bytes) apart, the futex word after the first."""
+    mapping = numpy.zeros(n * 4096 // 8, numpy.uint64)
+    base = mapping.ctypes.data
+    return mapping, base, base + shm.FUTEX
+
+
+def test_the_barrier_sleeps_on_the_futex_without_the_gil_and_wakes_at_the_arrival():
+    """Process 1 has arrived, process 0 arrives later from another thread: the waiter returns
+    at that arrival, long before its timeout. The switch interval is raised to 5 s, so a waiter
+    that held the GIL (a poll in Python) would keep the arriving thread from running for that
+    long."""
+    import sys
+    import threading
+    import time
+    from caffe8.comm import kernels
+    functions = kernels.shm_barrier_functions()
+    if functions is None:
+        pytest.skip("no C kernels: the barrier is MPI's")
+    arrive, wait = functions
+    mapping, base, futex = _counters(2)
+    arrive(base + 4096, 1, futex)                                 # process 1: epoch 1
+    assert wait(base, 4096, 2, 1, futex, int(0.05e9)) == 0        # process 0 is not there
+    result = {}
+
+    def waiter():
+        t = time.monotonic()
+        result["done"] = wait(base, 4096, 2, 1, futex, int(3e9))
+        result["seconds"] = time.monotonic() - t
+
+    before = sys.getswitchinterval()
+    sys.setswitchinterval(5.0)
+    try:
+        thread = threading.Thread(target=waiter)
+        thread.start()
+        time.sleep(0.2)
+        arrive(base, 1, futex)                                    # process 0 arrives
+        thread.join(10)
+    finally:
+        sys.setswitchinterval(before)
+    assert result["done"] == 1 and 0.15 < result["seconds"] < 2.0
+    assert mapping[0] == mapping[4096 // 8] == 1 and mapping.view(numpy.uint32)[2] == 2
