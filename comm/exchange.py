@@ -59,7 +59,7 @@ import numpy
 from caffe8.engine import backend
 from caffe8.engine.callbacks import SolverCallback
 from caffe8.engine.errors import CaffeError
-from caffe8.engine.timing import PHASES, Clock, ExchangeTimes
+from caffe8.engine.timing import PHASES, BucketTimes, Clock, ExchangeTimes
 from caffe8.comm.allreduce import create_transport
 from caffe8.comm.collective import BLOCKING, bit_identical, max_over
 from caffe8.comm.codecs import Tensor, create_codec
@@ -160,7 +160,8 @@ class LayerExchange:
     """The exchange of one layer in one iteration: ``wait()`` returns when the gradients hold the
     mean over all processes, or raises the error that ended it. ``stream``: the layer's CUDA
     stream (None on the CPU); ``copied``: an event after each batch of D2H copies, which the
-    communication thread waits for; ``marks``: (phase, start, end) of each timed phase."""
+    communication thread waits for; ``marks``: (phase, start, end) of each timed phase;
+    ``reduce``: (start, end) host clock readings of its reduction (its bucket's sum)."""
 
     def __init__(self, layer, trips, stream=None):
         self.layer, self.trips, self.stream = layer, trips, stream
@@ -169,6 +170,7 @@ class LayerExchange:
         self.h2d = None                      # mark before the copies back (timed GPU runs)
         self.done_event = None               # CUDA event after the decode (GPU)
         self.marks = []
+        self.reduce = None
         self.times = dict.fromkeys(PHASES, 0.0)
         self._done = threading.Event()
 
@@ -225,7 +227,9 @@ class Exchange(SolverCallback):
         self._layout_buckets(comm.bucket_kb * 1024)
         self._reserve_shared_buffers()
         self.timings = ExchangeTimes({}, self.codec.quantile_interval, self.asynchronous)
-        self._buffers = {}
+        self._ready = None              # GPU: an event after the wire buffers' zero-fill
+        self.buffers = self._make_buffers()
+        self._gather_hosts = {}         # GPU, gather codecs: pinned host copies of payloads
         self._arrived = {}              # bucket -> futures of this iteration that reached it
         self._streams = {}
         self._futures = []              # this iteration's futures, in the order they started
@@ -289,6 +293,34 @@ class Exchange(SolverCallback):
                               for n in self._bucket_size))
         self._reserved = [name]
 
+    def _make_buffers(self):
+        """{(codec name, bucket): (host, device)}: every bucket's wire buffers, made here, before
+        any stream uses them (``bucket_buffer``): the configured codec's (from the node-shared
+        arena while it has room) and, with warm-up iterations, the float32 codec's (private).
+        On the GPU each device buffer is zero-filled on the current stream, and ``_ready`` is an
+        event after the fills, which every layer's stream waits for before its first step: a
+        buffer made at a layer's first use on the compute stream was not ordered before that
+        layer's encode on its own stream, so iteration 0 (and the first iteration after the
+        warm-up) could send partly zero gradients."""
+        codecs = [self.codec]
+        if self.warmup_fp32_iters > 0 and self.fp32.name != self.codec.name:
+            codecs.append(self.fp32)
+        buffers = {}
+        xp = backend.get_array_module(self.net.flat_diff)
+        for codec in codecs:
+            if codec.reduction != "sum":
+                continue
+            transport = self.transports[self._transport_of[codec.name]]
+            for b, size in enumerate(self._bucket_size):
+                length = self._wire_length(size, codec, transport)
+                host = transport.host_buffer(length, codec.wire.dtype,
+                                             shared=codec is self.codec)
+                device = xp.zeros(length, codec.wire.dtype) if self.gpu else host
+                buffers[(codec.name, b)] = (host, device)
+        if self.gpu:
+            self._ready = self.clock.mark(backend.cupy.cuda.get_current_stream())
+        return buffers
+
     def shared_memory_summary(self):
         """One line per sum transport: whether its buffers are node-shared, and why not."""
         return [f"{name}: " + (f"node-shared wire buffers ({t.arena.segment / 2**20:.1f} MiB per "
@@ -326,7 +358,7 @@ class Exchange(SolverCallback):
         else:
             self._futures = [self.launch(i) for i in list(self._launched) + missing]
             self.run_now(self._futures)
-        layers, quantile = {}, 0.0
+        layers, quantile, buckets = {}, 0.0, {}
         for future in self._futures:
             try:
                 future.wait()
@@ -340,9 +372,12 @@ class Exchange(SolverCallback):
             self._read_times(future)
             layers[future.layer] = future.times
             quantile += future.times["quantile"]
+            buckets.setdefault(self._bucket_of[future.layer], []).append(future)
         previous = self.timings.quantile_pass
         self.timings = ExchangeTimes(layers, self.codec.quantile_interval, self.asynchronous,
-                                     quantile if quantile > 0 else previous)
+                                     quantile if quantile > 0 else previous,
+                                     [self._bucket_times(b, fs)
+                                      for b, fs in sorted(buckets.items())])
         self._futures, self._launched = [], {}
         self.iteration += 1
 
@@ -351,7 +386,8 @@ class Exchange(SolverCallback):
         if not self.gpu:
             return None
         if layer not in self._streams:
-            self._streams[layer] = backend.cupy.cuda.Stream(non_blocking=True)
+            stream = self._streams[layer] = backend.cupy.cuda.Stream(non_blocking=True)
+            stream.wait_event(self._ready)          # after the wire buffers' zero-fill
         return self._streams[layer]
 
     @staticmethod
@@ -363,18 +399,10 @@ class Exchange(SolverCallback):
     def bucket_buffer(self, b, codec):
         """(host, device): bucket ``b``'s zero-padded wire buffer for ``codec`` (a sum codec of
         this exchange) on the gradient's device, and its pinned host mirror (one array on the
-        CPU), kept from one iteration to the next: fresh buffers of tens of MB cost page faults
-        every call. Each tensor's encoder writes only its own span; the padding stays zero."""
-        transport = self.transports[self._transport_of[codec.name]]
-        length = self._wire_length(self._bucket_size[b], codec, transport)
-        dtype = codec.wire.dtype
-        entry = self._buffers.get((b, codec.name))
-        if entry is None or entry[0].size != length or entry[0].dtype != dtype:
-            host = transport.host_buffer(length, dtype, shared=codec is self.codec)
-            device = backend.get_array_module(self.net.flat_diff).zeros(length, dtype) \
-                if self.gpu else host
-            entry = self._buffers[(b, codec.name)] = (host, device)
-        return entry
+        CPU), made by the constructor and kept from one iteration to the next: fresh buffers of
+        tens of MB cost page faults every call. Each tensor's encoder writes only its own span;
+        the padding stays zero."""
+        return self.buffers[(codec.name, b)]
 
     def launch(self, layer):
         """Start one layer's exchange (compute thread): its trips and, on the GPU, its local
@@ -457,10 +485,10 @@ class Exchange(SolverCallback):
         pinned buffer (sum codecs), or a pinned buffer that fits (gather codecs, any length)."""
         payload = trip.payload = backend.cupy.ascontiguousarray(trip.payload)
         if trip.codec.reduction == "gather":
-            key, n = (trip.tensor.key, "gather"), payload.size
-            host = self._buffers.get(key)
+            key, n = trip.tensor.key, payload.size
+            host = self._gather_hosts.get(key)
             if host is None or host.size < n or host.dtype != payload.dtype:
-                host = self._buffers[key] = backend.host_buffer(max(n, 1), payload.dtype)
+                host = self._gather_hosts[key] = backend.host_buffer(max(n, 1), payload.dtype)
             trip.host = host
         _copy_async(trip.host.ctypes.data, payload.data.ptr, payload.nbytes, _D2H, stream)
 
@@ -499,11 +527,13 @@ class Exchange(SolverCallback):
 
     def _gather(self, future):
         """Every rank's payload of each tensor of the layer, in rank order."""
+        start = time.perf_counter()
         for trip in future.trips:
             t = time.perf_counter()
             trip.reduced = trip.transport.gather(trip.host[:trip.payload.size],
                                                  trip.codec.varying)
             future.times["comm"] += time.perf_counter() - t
+        future.reduce = (start, time.perf_counter())
 
     def _sum_bucket(self, b, futures):
         """One transport call over bucket ``b``'s wire buffer (every tensor of ``futures``),
@@ -515,12 +545,13 @@ class Exchange(SolverCallback):
         between = BetweenStages(host, trips) if codec.between_stages is not None else None
         t = time.perf_counter()
         transport.sum(host, codec.wire, between)
-        seconds = time.perf_counter() - t
+        end = time.perf_counter()
         for f in futures:
             for trip in f.trips:
                 trip.reduced = trip.host
             n = sum(trip.host.size for trip in f.trips)
-            f.times["comm"] += seconds * n / max(self._bucket_size[b], 1)
+            f.times["comm"] += (end - t) * n / max(self._bucket_size[b], 1)
+            f.reduce = (t, end)
 
     def _copy_back(self, future):
         """On the GPU, start each tensor's copy of its reduced bytes back to the device (on the
@@ -562,6 +593,14 @@ class Exchange(SolverCallback):
     def _phase(future, phase, start, end):
         if start is not None and end is not None:
             future.marks.append((phase, start, end))
+
+    @staticmethod
+    def _bucket_times(b, futures):
+        """Bucket ``b``'s timeline of this iteration: the marks of its layers' phases and of
+        its reduction (engine.timing.BucketTimes; the timing log places them in time)."""
+        marks = [m for f in futures for m in f.marks]
+        marks += [("reduce", *f.reduce) for f in futures if f.reduce is not None]
+        return BucketTimes(b, [f.layer for f in futures], marks)
 
     def _read_times(self, future):
         """The phases of a finished future from its marks (CUDA events read after the wait)."""
@@ -665,7 +704,8 @@ class Exchange(SolverCallback):
                 return
         if self._failed:
             return
-        self._buffers.clear()       # the arenas' mappings close only with no buffer left on them
+        self.buffers.clear()        # the arenas' mappings close only with no buffer left on them
+        self._gather_hosts.clear()
         for transport in self.transports.values():
             transport.free()
 

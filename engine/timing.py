@@ -1,5 +1,10 @@
 """Per-layer timing log: one JSON record per iteration per rank (``--timing-log F.jsonl``).
 
+Also the timeline of the exchange's buckets (each bucket's encode, D2H copy, reduction, H2D copy
+and decode, start and end, next to each layer's backward end, in seconds since the iteration's
+start), and the readers of the logs: ``mean_wall``, and ``overlap``, the share of the
+exchange's cost that the asynchronous exchange hides, (T_sync - T_async) / (T_sync - T_none).
+
 Times come from per-layer hooks: the Net calls a hook right after each layer's forward and
 backward, so a layer's time is the interval since the previous hook. On the GPU the marks are
 CUDA events (device time, not host clocks); on the CPU they are ``perf_counter`` readings.
@@ -14,8 +19,25 @@ import time
 from dataclasses import dataclass, field
 
 from caffe8.engine import backend
+from caffe8.engine.errors import CaffeError
 
 PHASES = ("encode", "d2h", "wait", "comm", "h2d", "decode", "quantile")
+
+
+#: the phases of a bucket's timeline, in the order a bucket goes through them
+BUCKET_PHASES = ("encode", "d2h", "reduce", "h2d", "decode")
+
+
+@dataclass
+class BucketTimes:
+    """One bucket's timeline in one iteration (produced by the exchange): ``layers`` (indices,
+    in the order they reached the bucket) and ``marks``, (phase, start, end) for each phase of
+    :data:`BUCKET_PHASES` each of its layers went through, a phase possibly several times (a
+    layer's tensors encoded in two batches; one per layer). A mark is a host clock reading
+    (``time.perf_counter``) or, for a device phase on the GPU, a CUDA event."""
+    bucket: int
+    layers: list
+    marks: list
 
 
 @dataclass
@@ -24,12 +46,14 @@ class ExchangeTimes:
 
     ``layers``: {layer index: {phase: seconds}} with every phase of :data:`PHASES`;
     ``quantile_interval``: N, iterations between two range estimates; ``asynchronous``: True when
-    the exchange overlapped backward; ``quantile_pass``: seconds of the last full estimate.
+    the exchange overlapped backward; ``quantile_pass``: seconds of the last full estimate;
+    ``buckets``: a :class:`BucketTimes` per bucket exchanged.
     """
     layers: dict = field(default_factory=dict)
     quantile_interval: int = 1
     asynchronous: bool = False
     quantile_pass: float = 0.0
+    buckets: list = field(default_factory=list)
 
 
 def merged(records):
@@ -46,6 +70,7 @@ def merged(records):
         out.asynchronous = out.asynchronous or rec.asynchronous
         out.quantile_interval = max(out.quantile_interval, rec.quantile_interval)
         out.quantile_pass += rec.quantile_pass
+        out.buckets += rec.buckets
     return out
 
 
@@ -83,6 +108,7 @@ class TimingLog:
         self.file = os.open(path, flags, 0o644)
         self.clock = None
         self.marks = []          # (kind, layer index, mark) in call order
+        self.host_start = 0.0    # time.perf_counter() at the iteration's start
         self.net = None
         self.callbacks = ()
 
@@ -101,6 +127,32 @@ class TimingLog:
 
     def begin_iteration(self):
         self.marks = [("start", -1, self.clock.mark())]
+        self.host_start = time.perf_counter()
+
+    def since_start(self, mark):
+        """Seconds from this iteration's start to ``mark``: a host clock reading
+        (``time.perf_counter``) or a CUDA event. On the GPU an event is placed by device time
+        from the start event, a host reading by host time from the start: the two clocks are
+        aligned at the iteration's start, as far as the device has caught up with the host
+        there (it usually has: the iteration begins after the update's host synchronisation)."""
+        if isinstance(mark, float):
+            return mark - self.host_start
+        return self.clock.seconds(self.marks[0][2], mark)
+
+    def _timeline(self, buckets):
+        """The record's ``buckets``: each bucket's layers (names) and, per phase it went
+        through, [first start, last end] in seconds since the iteration's start."""
+        out = []
+        for bt in buckets:
+            rec = {"bucket": bt.bucket, "layers": [self.net.layers[i].name for i in bt.layers]}
+            spans = {}
+            for phase, start, end in bt.marks:
+                a, b = self.since_start(start), self.since_start(end)
+                lo, hi = spans.get(phase, (a, b))
+                spans[phase] = (min(lo, a), max(hi, b))
+            rec.update({ph: list(spans[ph]) for ph in BUCKET_PHASES if ph in spans})
+            out.append(rec)
+        return out
 
     def _layer_times(self):
         fwd, bwd = {}, {}
@@ -117,10 +169,13 @@ class TimingLog:
             return
         fwd, bwd = self._layer_times()
         ex = merged([cb.timings for cb in self.callbacks if cb.timings is not None])
+        backward_end = {i: mark for kind, i, mark in self.marks if kind == "b"}   # last pass's
         layers = []
         for i, layer in enumerate(self.net.layers):
             rec = {"name": layer.name, "type": layer.type,
-                   "forward": fwd.get(i, 0.0), "backward": bwd.get(i, 0.0)}
+                   "forward": fwd.get(i, 0.0), "backward": bwd.get(i, 0.0),
+                   "backward_end": self.since_start(backward_end[i]) if i in backward_end
+                   else None}
             rec.update({ph: ex.layers.get(i, {}).get(ph, 0.0) for ph in PHASES})
             layers.append(rec)
         fb = sum(fwd.values()) + sum(bwd.values())
@@ -141,10 +196,59 @@ class TimingLog:
         split["Other"] = max(0.0, wall_seconds - spent)
         record = {"iteration": iteration, "rank": self.rank,
                   "start": time.time() - wall_seconds, "wall": wall_seconds,
-                  "split": split, "layers": layers}
+                  "split": split, "layers": layers, "buckets": self._timeline(ex.buckets)}
         os.write(self.file, (json.dumps(record) + "\n").encode())
 
     def close(self):
         if self.file is not None:
             os.close(self.file)
             self.file = None
+
+
+# --- reading timing logs --------------------------------------------------------------------
+def read_log(path):
+    """The records of a timing log (JSON lines), in file order; a line that is not JSON is one
+    error naming the file and line."""
+    records = []
+    with open(path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            if line.strip():
+                try:
+                    records.append(json.loads(line))
+                except json.JSONDecodeError as e:
+                    raise CaffeError(f"{path}:{lineno}: not a JSON timing record: "
+                                     f"{e.msg}") from None
+    return records
+
+
+def mean_wall(records, skip=1, rank=None):
+    """Mean wall time of ``records`` (a timing log's, or its path) over the iterations from
+    ``skip`` on (the first ones pay for first use: page faults, the data's first read), of one
+    ``rank`` or of every rank's records."""
+    if isinstance(records, (str, os.PathLike)):
+        records = read_log(records)
+    walls = [r["wall"] for r in records
+             if r["iteration"] >= skip and (rank is None or r["rank"] == rank)]
+    if not walls:
+        raise ValueError(f"no timing record from iteration {skip} on"
+                         + (f" of rank {rank}" if rank is not None else ""))
+    return sum(walls) / len(walls)
+
+
+def overlap(t_sync, t_async, t_none):
+    """The share of the exchange's cost that the asynchronous exchange hides behind backward:
+    (T_sync - T_async) / (T_sync - T_none), with the iteration times of the same net run with
+    the synchronous exchange, the asynchronous one, and no exchange (one process, the same batch
+    per process). 1: all of it hidden; 0: none; below 0: the asynchronous exchange is slower.
+    The denominator is the exchange's whole cost as the iteration sees it, measured, not a sum
+    of per-phase intervals (which count concurrent copies several times)."""
+    cost = t_sync - t_none
+    if not cost > 0:
+        raise ValueError(f"the synchronous run ({t_sync:.6g} s) is not slower than the run "
+                         f"without an exchange ({t_none:.6g} s): no exchange cost to hide")
+    return (t_sync - t_async) / cost
+
+
+def overlap_of_logs(sync, asynchronous, none, skip=1):
+    """:func:`overlap` of three timing logs (paths or records; every rank's records)."""
+    return overlap(mean_wall(sync, skip), mean_wall(asynchronous, skip), mean_wall(none, skip))

@@ -299,3 +299,80 @@ def test_the_step_between_stages_runs_per_tensor_on_its_part_of_the_piece():
         between(piece)
     assert calls == [(0, 4, 1), (4, 1, 1), (5, 3, 2), (8, 4, 2)]
     assert buffer.tolist() == [1] * 5 + [2] * 7 + [0] * 4
+
+
+def test_every_wire_buffer_is_made_before_the_first_trip(monkeypatch):
+    """The constructor makes each bucket's wire buffers, zeroed and padded, for the configured
+    codec and the float32 warm-up; no trip makes one (on a GPU a buffer made at first use, on
+    the compute stream, raced the layer stream's encode), and every encode writes into its
+    bucket's buffer."""
+    from caffe8.comm.ops import padded_length
+    net = FakeNet(*make_tensors(0))
+    ex = Exchange(SingleProcessWorld(), parse_comm('codec: "fp8" warmup_fp32_iters: 1 '
+                                                   'bucket_kb: 0 async: true'), net)
+    assert len(ex.buckets) == 3
+    made = dict(ex.buffers)
+    assert set(made) == {(name, b) for name in ("fp8", "fp32") for b in range(3)}
+    for (name, b), (host, device) in made.items():
+        codec = ex.codec if name == "fp8" else ex.fp32
+        size = sum(sl.stop - sl.start for layer in ex.buckets[b] for sl in ex.schedule[layer])
+        assert host.dtype == codec.wire.dtype and device is host and not host.any()
+        assert host.size == padded_length(size, codec.wire.unit, 1)
+    for transport in ex.transports.values():
+        monkeypatch.setattr(transport, "host_buffer", lambda *a, **k: pytest.fail("made late"))
+    outs = []
+    for codec in (ex.codec, ex.fp32):
+        encode = codec.encode
+        monkeypatch.setattr(codec, "encode", lambda grad, t, encode=encode, name=codec.name: (
+            outs.append((name, t)), encode(grad, t))[1])
+    for _ in range(2):                          # the float32 warm-up, then fp8
+        iterate(ex, net)
+    ex.close()
+    assert [name for name, _ in outs] == ["fp32"] * 4 + ["fp8"] * 4
+    for name, t in outs:
+        layer = next(i for i, sls in ex.schedule.items() for sl in sls
+                     if (sl.start, sl.stop) == t.key)
+        host, _ = made[(name, ex.buckets.index([layer]))]
+        assert numpy.shares_memory(t.out, host)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("codec", ["fp32", "fp8"])
+def test_gpu_first_iterations_of_fresh_exchanges_give_the_host_bits(codec):
+    """The race of issue 30: a bucket's device buffer was zero-filled on the compute stream at
+    its first use, unordered with the encode on the layer's stream, so iteration 0 (and the
+    first after the float32 warm-up) could send partly zero gradients. Large buckets (a long
+    zero-fill) behind busy compute streams, five fresh exchanges: every one gives the bits of
+    the host path in its first two iterations."""
+    sizes = (1 << 24, 37, 1 << 25, 3)
+    rng = numpy.random.default_rng(7)
+    grads = [rng.standard_normal(n).astype(numpy.float32) for n in sizes]
+    weights = [rng.uniform(0.5, 2.0, n).astype(numpy.float32) for n in sizes]
+    text = f'codec: "{codec}" warmup_fp32_iters: 1 async: true'
+
+    def run(gpu):
+        net = FakeNet(grads, weights)
+        if gpu:
+            net.flat_diff = backend.cupy.asarray(net.flat_diff)
+            net.flat_data = backend.cupy.asarray(net.flat_data)
+        ex = Exchange(SingleProcessWorld(), parse_comm(text), net)
+        out = []
+        for step in range(2):
+            net.flat_diff[...] = backend.to_device(numpy.concatenate(grads), like=net.flat_diff)
+            if gpu:                             # keep the compute stream busy past the hooks
+                a = backend.cupy.ones((4096, 4096), backend.cupy.float32)
+                for _ in range(4):
+                    a = a @ a / 4096
+            iterate(ex, net)
+            out.append(backend.to_numpy(net.flat_diff).copy())
+        ex.close()
+        return out
+
+    host = run(False)
+    backend.use_gpu(0)
+    try:
+        for _ in range(5):
+            device = run(True)
+            assert all(numpy.array_equal(h, d) for h, d in zip(host, device))
+    finally:
+        backend.use_cpu()
