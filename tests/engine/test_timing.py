@@ -211,3 +211,39 @@ def test_overlap_of_real_logs_is_the_formula_over_their_mean_walls(real_logs):
     else:           # a machine so loaded that the exchange cost nothing measurable
         with pytest.raises(ValueError):
             overlap_of_logs(real_logs["sync"], real_logs["async"], real_logs["none"])
+
+
+@pytest.mark.mpi
+@pytest.mark.slow
+def test_the_emulated_caffenet_reduces_its_first_buckets_while_backward_runs(tmp_path):
+    """prototxt/caffenet_emulated (CaffeNet's 61 M parameters, GPU-like compute times), 2 ranks,
+    the asynchronous fp8 exchange: in every iteration after the first, the fc8 bucket is
+    reduced and the fc7 bucket encoded before conv1's backward has ended; the timeline plot
+    draws it."""
+    pytest.importorskip("mpi4py")
+    from scripts import plot_timeline
+    folder = os.path.join(REPO, "prototxt", "caffenet_emulated")
+    with open(os.path.join(folder, "solver.prototxt"), encoding="utf-8") as f:
+        text = f.read()
+    text = text.replace('net: "train.prototxt"',
+                        f'net: "{os.path.join(folder, "train.prototxt")}"')
+    text = text.replace("max_iter: 20", "max_iter: 4").replace("display: 20", "display: 0")
+    text = text.replace('snapshot_prefix: "runs/caffenet_emulated/caffenet_emulated"',
+                        f'snapshot_prefix: "{tmp_path / "snap"}"\nsnapshot_after_train: false')
+    solver = tmp_path / "solver.prototxt"
+    solver.write_text(text)
+    log = str(tmp_path / "t.jsonl")
+    cmd = [os.path.join(os.path.dirname(sys.executable), "mpiexec"), "-n", "2", sys.executable,
+           "-m", "caffe8.cli", "train", "--solver", str(solver), "--timing-log", log]
+    res = subprocess.run(cmd, cwd=str(tmp_path), env=dict(os.environ, PYTHONPATH=REPO),
+                         capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    records = [r for r in read_log(log) if r["iteration"] >= 1]
+    assert len(records) == 6
+    for rec in records:
+        conv1 = next(l["backward_end"] for l in rec["layers"] if l["name"] == "conv1_w")
+        first, second = rec["buckets"][:2]
+        assert first["layers"] == ["fc8_b", "fc8_w"] and second["layers"] == ["fc7_b", "fc7_w"]
+        assert first["reduce"][1] < conv1 and second["encode"][0] < conv1
+    out = tmp_path / "timeline.png"
+    assert plot_timeline.main([log, "--iteration", "2", "--out", str(out)]) == 0
