@@ -9,10 +9,12 @@ On a machine with a CUDA GPU (CuPy working) it runs, each step under its own tim
 2. ``scripts/peer_bench.py --gpu`` (CaffeNet b256, GoogLeNet b128, the GRU benchmark against
    ``nn.GRU``) with TF32 off, then on (``CAFFE8_TF32``; the PyTorch side follows the same
    setting): each net's caffe8 / PyTorch time ratio;
-3. a 2-process GPU exchange on the GRU benchmark (``solver_benchmark.prototxt``'s net), once
-   synchronous and once asynchronous, each with a timing log: the per-layer D2H and H2D
-   seconds the exchange measured with CUDA events, and the overlap (T_sync - T_async) /
-   Comm_sync (medians over the iterations after the first two);
+3. a 2-process GPU exchange on the GRU benchmark (``solver_benchmark.prototxt``'s net), fp8 and
+   fp32, each once synchronous and once asynchronous, and one process of the same net with no
+   exchange, each with a timing log: the per-layer D2H and H2D seconds the exchange measured
+   with CUDA events, and per codec the overlap (T_sync - T_async) / (T_sync - T_none)
+   (``engine.timing.overlap``; T: medians over the iterations after the first two of the slower
+   rank's wall);
 4. ``prototxt/gru/solver_benchmark.prototxt`` on one process for a few iterations: it trains
    (a finite loss at the end);
 
@@ -21,7 +23,6 @@ exit status is 1 when a step failed, else 0.
 """
 import argparse
 import importlib.util
-import json
 import os
 import re
 import shutil
@@ -87,16 +88,16 @@ def peer_ratios(csv_path):
     return ", ".join(f"{r['net']} {float(r['ratio']):.2f}" for r in rows) or "no rows"
 
 
-def exchange_figures(sync_logs, async_logs, skip=2):
-    """(per-layer D2H and H2D text, overlap) from the two runs' timing logs: the median over
-    iterations >= ``skip`` of the slowest rank's wall, the synchronous run's Communication +
-    D2H + H2D split as Comm_sync, and each layer's median D2H/H2D of the synchronous run."""
+def exchange_figures(sync_logs, async_logs, none_logs, skip=2):
+    """(per-layer D2H and H2D text, overlap) from the three runs' timing logs (synchronous,
+    asynchronous, no exchange): T is the median over iterations >= ``skip`` of the slowest
+    rank's wall, the overlap ``engine.timing.overlap`` of the three (NaN when the synchronous
+    run is not slower than the one without an exchange), and each layer's median D2H/H2D of the
+    synchronous run."""
+    from caffe8.engine.timing import overlap as overlap_of, read_log
+
     def records(paths):
-        out = []
-        for path in paths:
-            with open(path, encoding="utf-8") as f:
-                out += [json.loads(line) for line in f if line.strip()]
-        return [r for r in out if r["iteration"] >= skip]
+        return [r for path in paths for r in read_log(path) if r["iteration"] >= skip]
 
     def wall(recs):
         per_iter = {}
@@ -104,9 +105,7 @@ def exchange_figures(sync_logs, async_logs, skip=2):
             per_iter[r["iteration"]] = max(per_iter.get(r["iteration"], 0.0), r["wall"])
         return statistics.median(per_iter.values())
 
-    sync, asyn = records(sync_logs), records(async_logs)
-    comm = statistics.median(r["split"]["Communication"] + r["split"]["D2H"] + r["split"]["H2D"]
-                             for r in sync)
+    sync = records(sync_logs)
     layers = {}
     for r in sync:
         for rec in r["layers"]:
@@ -115,7 +114,10 @@ def exchange_figures(sync_logs, async_logs, skip=2):
     per_layer = "; ".join(
         f"{name} {statistics.median(d for d, _ in v) * 1e3:.3f}/"
         f"{statistics.median(h for _, h in v) * 1e3:.3f} ms" for name, v in layers.items())
-    overlap = (wall(sync) - wall(asyn)) / comm if comm > 0 else float("nan")
+    try:
+        overlap = overlap_of(wall(sync), wall(records(async_logs)), wall(records(none_logs)))
+    except ValueError:
+        overlap = float("nan")
     return per_layer or "no D2H/H2D recorded", overlap
 
 
@@ -130,23 +132,33 @@ def _mpiexec():
     return here if os.path.exists(here) else shutil.which("mpiexec") or "mpiexec"
 
 
+EXCHANGE_RUNS = (("none", "fp32", False, 1), ("fp8_sync", "fp8", False, 2),
+                 ("fp8_async", "fp8", True, 2), ("fp32_sync", "fp32", False, 2),
+                 ("fp32_async", "fp32", True, 2))
+
+
 def exchange_step(out, limit):
-    """Step 3: the synchronous and the asynchronous 2-process runs with timing logs."""
+    """Step 3: one process with no exchange, then the synchronous and the asynchronous
+    2-process runs of fp8 and fp32, with timing logs."""
     from scripts import _runs
     logs, status, seconds = {}, "ok", 0.0
-    for mode in ("sync", "async"):
-        run_dir = os.path.join(out, f"exchange_{mode}")
-        solver = _runs.write_run_prototxts(SOLVER, run_dir, _batch(), "fp32", mode == "async",
-                                           0, 12)
-        logs[mode] = [os.path.join(run_dir, f"timing.r{r}.jsonl") for r in range(2)]
-        cmd = _runs.train_command(2, solver, logs[mode], sys.executable, _mpiexec())
-        status, t, _ = run_step(cmd, max(limit / 2 - seconds, 10),
-                                os.path.join(run_dir, "train.log"))
+    for k, (name, codec, asynchronous, processes) in enumerate(EXCHANGE_RUNS):
+        run_dir = os.path.join(out, f"exchange_{name}")
+        solver = _runs.write_run_prototxts(SOLVER, run_dir, _batch(), codec, asynchronous, 0, 12)
+        logs[name] = [os.path.join(run_dir, f"timing.r{r}.jsonl") for r in range(processes)]
+        cmd = _runs.train_command(processes, solver, logs[name], sys.executable, _mpiexec())
+        left = (limit - seconds) / (len(EXCHANGE_RUNS) - k)
+        status, t, _ = run_step(cmd, max(left, 10), os.path.join(run_dir, "train.log"))
         seconds += t
         if status != "ok":
-            return status, seconds, f"{mode} run: see {run_dir}/train.log"
-    per_layer, overlap = exchange_figures(logs["sync"], logs["async"])
-    return status, seconds, f"(T_sync - T_async)/Comm_sync {overlap:.2f}; D2H/H2D {per_layer}"
+            return status, seconds, f"{name} run: see {run_dir}/train.log"
+    figures = []
+    for codec in ("fp8", "fp32"):
+        per_layer, overlap = exchange_figures(logs[f"{codec}_sync"], logs[f"{codec}_async"],
+                                              logs["none"])
+        figures.append(f"{codec}: overlap (T_sync - T_async)/(T_sync - T_none) {overlap:.2f}; "
+                       f"D2H/H2D {per_layer}")
+    return status, seconds, "; ".join(figures)
 
 
 def solver_step(out, limit):

@@ -15,7 +15,6 @@ import numpy
 import pytest
 
 from caffe8.comm import kernels
-from caffe8.engine.native import cache_dir
 
 E5M2 = ml_dtypes.float8_e5m2
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

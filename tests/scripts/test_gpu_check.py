@@ -46,10 +46,11 @@ def _record(iteration, rank, wall, comm, layers):
 
 
 def test_exchange_figures_from_timing_logs(tmp_path):
-    """Iterations 0-1 are skipped; T = median over iterations of the slower rank's wall."""
-    def write(name, walls, comm):
+    """Iterations 0-1 are skipped; T = median over iterations of the slower rank's wall; the
+    overlap is (T_sync - T_async) / (T_sync - T_none)."""
+    def write(name, walls, comm, ranks=2):
         paths = []
-        for rank in range(2):
+        for rank in range(ranks):
             path = tmp_path / f"{name}{rank}.jsonl"
             path.write_text("".join(json.dumps(_record(
                 i, rank, w + 0.01 * rank, comm, [("g1", 0.002, 0.003), ("loss", 0, 0)])) + "\n"
@@ -58,9 +59,12 @@ def test_exchange_figures_from_timing_logs(tmp_path):
         return paths
     sync = write("s", [9.0, 9.0, 0.50, 0.52, 0.54], 0.097)        # slower rank: .51 .53 .55
     asyn = write("a", [9.0, 9.0, 0.43, 0.44, 0.45], 0.0)          # slower rank: .44 .45 .46
-    per_layer, overlap = gpu_check.exchange_figures(sync, asyn)
+    none = write("n", [9.0, 9.0, 0.40, 0.41, 0.42], 0.0, ranks=1)
+    per_layer, overlap = gpu_check.exchange_figures(sync, asyn, none)
     assert per_layer == "g1 2.000/3.000 ms"                      # the loss layer has no copies
-    assert overlap == pytest.approx((0.53 - 0.45) / (0.097 + 0.001 + 0.002))
+    assert overlap == pytest.approx((0.53 - 0.45) / (0.53 - 0.41))
+    _, no_cost = gpu_check.exchange_figures(sync, asyn, write("m", [9.0, 9.0, 0.6, 0.6, 0.6], 0.0))
+    assert no_cost != no_cost                                     # NaN: nothing to hide
 
 
 def test_a_step_past_its_limit_is_killed(tmp_path):
