@@ -75,6 +75,7 @@ class Trainer:
         self.net.add_backward_hook(self._after_backward)
         self.losses = []
         self.smoothed_loss = 0.0
+        self._display_mark = None       # (time, iteration) of the last "Iteration N (R iter/s" line
         self.last_snapshot_iter = None
         self._requests = 0
         self.skipped_in_a_row = 0
@@ -295,7 +296,8 @@ class Trainer:
         p = self.param
         start_iter, stop_iter = self.iter, self.iter + iters
         self.losses, self.smoothed_loss = [], 0.0
-        last_time, last_iter = time.perf_counter(), self.iter
+        if self._display_mark is None:   # kept across calls, so pycaffe's step(1) loops show
+            self._display_mark = (time.perf_counter(), self.iter)   # a rate (Caffe's iterations_last_)
         while self.iter < stop_iter:
             blas.adapt_threads()  # the cores free now (a busy neighbour costs its share)
             t_clear = time.perf_counter()
@@ -318,11 +320,12 @@ class Trainer:
             self._update_smoothed_loss(loss, start_iter)
             if p.display and self.iter % p.display == 0:
                 now = time.perf_counter()
+                last_time, last_iter = self._display_mark
                 elapsed = max(now - last_time, 1e-9)
                 rate = (self.iter - last_iter) / elapsed
                 self.log(f"Iteration {self.iter} ({fmt(rate)} iter/s, {fmt(elapsed)}s/{p.display} iters), "
                          f"loss = {fmt(self._displayed_loss(loss))}")
-                last_time, last_iter = now, self.iter
+                self._display_mark = (now, self.iter)
                 self._log_outputs("Train", output_values(self.net))
             t_wait = time.perf_counter()
             for cb in self.callbacks:

@@ -234,3 +234,15 @@ def test_resume_is_bit_identical_whatever_the_thread_count(in_digits_cwd, tmp_pa
     b = _h5_datasets(tmp_path / "b" / "snap" / "digits_iter_8.caffemodel.h5")
     assert a.keys() == b.keys() and a
     assert all(numpy.array_equal(a[k], b[k]) for k in a), [k for k in a if not numpy.array_equal(a[k], b[k])]
+
+
+def test_step_one_at_a_time_logs_a_rate(in_digits_cwd, tmp_path):
+    """pycaffe's ``for _ in range(n): solver.step(1)``: the display line's rate spans the
+    iterations since the last display, across calls (BVLC keeps iterations_last_), not 0."""
+    lines = []
+    t = Trainer(write_solver(tmp_path, max_iter=100, display=5, test_interval=0, test_iter=[]),
+                log=lines.append)
+    for _ in range(11):
+        t.step(1)
+    rates = [float(m.group(1)) for m in map(re.compile(r"Iteration (?:5|10) \(([\d.e+-]+) iter/s").search, lines) if m]
+    assert len(rates) == 2 and all(r > 0 for r in rates), lines
