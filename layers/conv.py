@@ -52,6 +52,25 @@ def _per_axis(layer, param, name, h_name, w_name, num_spatial, default):
     return values
 
 
+def read_geometry(layer, p):
+    """Caffe's reading of ``convolution_param`` (BaseConvolutionLayer::LayerSetUp, which
+    Im2colLayer copies): sets ``layer.kernel``, ``stride``, ``pad`` and ``dilation``, one value
+    per spatial axis of ``layer.num_spatial``."""
+    n = layer.num_spatial
+    layer.kernel = _per_axis(layer, p, "kernel_size", "kernel_h", "kernel_w", n, None)
+    layer.stride = _per_axis(layer, p, "stride", "stride_h", "stride_w", n, 1)
+    layer.pad = _per_axis(layer, p, "pad", "pad_h", "pad_w", n, 0)
+    layer.dilation = list(p.dilation) or [1] * n
+    if len(layer.dilation) == 1:
+        layer.dilation *= n
+    if len(layer.dilation) != n:
+        raise layer.error(f"dilation must be specified once, or once per spatial dimension "
+                          f"(given {len(layer.dilation)} times for {n} spatial axes)")
+    for name in ("kernel", "stride", "dilation"):
+        if any(v <= 0 for v in getattr(layer, name)):
+            raise layer.error(f"{name} dimensions must be > 0, got {getattr(layer, name)}")
+
+
 @register_layer("Convolution")
 class ConvolutionLayer(Layer):
     min_bottom = 1
@@ -70,7 +89,7 @@ class ConvolutionLayer(Layer):
         self.num_spatial = ndim - 2
         if self.num_spatial < 1:
             raise self.error(f"input must have at least one spatial axis, got shape {bottom[0].shape}")
-        self._read_geometry(p)
+        read_geometry(self, p)
         if not p.has("num_output") or p.num_output <= 0:
             raise self.error("convolution_param.num_output must be given and > 0")
         self.num_output = p.num_output
@@ -82,21 +101,6 @@ class ConvolutionLayer(Layer):
         if self.num_output % self.group:
             raise self.error(f"num_output ({self.num_output}) must be a multiple of group ({self.group})")
         self._make_params(p)
-
-    def _read_geometry(self, p):
-        n = self.num_spatial
-        self.kernel = _per_axis(self, p, "kernel_size", "kernel_h", "kernel_w", n, None)
-        self.stride = _per_axis(self, p, "stride", "stride_h", "stride_w", n, 1)
-        self.pad = _per_axis(self, p, "pad", "pad_h", "pad_w", n, 0)
-        self.dilation = list(p.dilation) or [1] * n
-        if len(self.dilation) == 1:
-            self.dilation *= n
-        if len(self.dilation) != n:
-            raise self.error(f"dilation must be specified once, or once per spatial dimension "
-                             f"(given {len(self.dilation)} times for {n} spatial axes)")
-        for name in ("kernel", "stride", "dilation"):
-            if any(v <= 0 for v in getattr(self, name)):
-                raise self.error(f"{name} dimensions must be > 0, got {getattr(self, name)}")
 
     def _weight_shape(self):
         return (self.num_output, self.channels // self.group) + tuple(self.kernel)

@@ -11,7 +11,7 @@ The arithmetic is ``layers.im2col``'s, the convolution's own.
 """
 from caffe8.engine.layer import Layer, register_layer
 from caffe8.layers.axes import canonical_axis, count
-from caffe8.layers.conv import ConvolutionLayer
+from caffe8.layers.conv import read_geometry
 from caffe8.layers.im2col import col2im, conv_out_size, im2col
 
 
@@ -30,7 +30,7 @@ class Im2colLayer(Layer):
                              f"{self.axis}, got shape {shape}")
         # the convolution's reading of the geometry (Caffe's Im2colLayer::LayerSetUp is a copy
         # of BaseConvolutionLayer's): sets kernel, stride, pad and dilation per spatial axis
-        ConvolutionLayer._read_geometry(self, p)
+        read_geometry(self, p)
 
     def reshape(self, bottom, top):
         shape = bottom[0].shape
