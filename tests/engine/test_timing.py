@@ -152,7 +152,9 @@ def _run(tmp, name, processes, comm):
         cmd = [os.path.join(os.path.dirname(sys.executable), "mpiexec"), "-n", str(processes)] + cmd
     env = dict(os.environ, PYTHONPATH=REPO)
     res = subprocess.run(cmd, cwd=str(tmp), env=env, capture_output=True, text=True, timeout=180)
-    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    text = res.stdout + res.stderr
+    errors = [line for line in text.splitlines() if "error" in line.lower() or "Abort" in line]
+    assert res.returncode == 0, "\n".join(errors[:20]) + "\n...\n" + text[-1500:]
     return log
 
 
