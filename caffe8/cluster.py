@@ -1,15 +1,5 @@
-#!/usr/bin/env python
-"""An emulated cluster on one machine: N nodes as network namespaces behind a shaped switch.
-
-Usage (as root, from the repository root)::
-
-    python -m scripts.emulated_cluster up --nodes 2 --rate 1gbit [--delay 50us]
-    python -m scripts.emulated_cluster run --ppn 1 -- caffe8 train -solver S
-    python -m scripts.emulated_cluster counters
-    python -m scripts.emulated_cluster down
-
-    # or all three in one, always torn down afterwards (also on an error or Ctrl-C):
-    python -m scripts.emulated_cluster run --nodes 2 --rate 10gbit --ppn 1 -- CMD ...
+"""An emulated cluster on one machine: N nodes as network namespaces behind a shaped switch
+(``caffe8 cluster up|run|counters|down``, the command line: ``caffe8.tools.cluster``).
 
 Each node is a network namespace ``<prefix>-n<i>`` whose only link, ``eth0`` (address
 10.208.0.<i+1>/24 by default), goes to port ``p<i>`` of a bridge in a switch namespace
@@ -18,7 +8,7 @@ optionally after a netem ``--delay``), so each node sends and receives at most `
 port of a real switch. Every process a node runs is started in a UTS namespace of its own whose
 hostname is the node's name (``<prefix>-node<i>``); ``/etc/netns/<ns>/hosts`` (which
 ``ip netns exec`` mounts over ``/etc/hosts``) maps the node names to their addresses. No address
-outside the namespaces this tool creates is ever configured or used.
+outside the namespaces this module creates is ever configured or used.
 
 ``run`` starts MPICH's ``mpiexec`` (Hydra) in node 0 with ``-hosts`` naming every node and
 ``-launcher ssh -launcher-exec`` a small script that starts Hydra's proxy inside the named
@@ -30,24 +20,26 @@ same job needs only the launcher's own host list (``-hosts``/``-f hostfile``, or
 ``srun``) and, where several networks exist, the interface and transport selection
 (docs/MPI.md, "Across nodes").
 
-Also usable from Python (the benchmark and the tests do)::
+From Python (the cluster benchmark and the tests use it so)::
 
+    from caffe8.cluster import EmulatedCluster
     with EmulatedCluster(nodes=2, rate="1gbit") as cluster:
-        cluster.run(["python", "-m", "caffe8.cli", "train", ...], ppn=1)
+        cluster.run(["caffe8", "train", "--solver", ...], ppn=1)
         print(cluster.counters())
 
 Needs root and iproute2's ``ip`` and ``tc`` plus util-linux's ``unshare``; otherwise one error
-line says what is missing (``available()`` tells without changing anything).
+line says what is missing (``available()`` tells without changing anything). Imports only the
+standard library and the engine's error class.
 """
-import argparse
 import json
 import os
-import shlex
 import shutil
 import signal
 import subprocess
 import sys
 import time
+
+from caffe8.engine.errors import CaffeError
 
 STATE_ROOT = "/run/caffe8-cluster"
 NETNS_ETC = "/etc/netns"
@@ -62,8 +54,9 @@ LINK_ENV = {"UCX_TLS": "tcp", "UCX_NET_DEVICES": IFACE, "FI_PROVIDER": "tcp",
 _RATE_UNITS = {"bit": 1, "kbit": 1e3, "mbit": 1e6, "gbit": 1e9, "tbit": 1e12}
 
 
-class ClusterError(Exception):
-    """One line for the user: what is wrong and what to do."""
+class ClusterError(CaffeError):
+    """One line for the user: what is wrong and what to do (the ``caffe8`` dispatcher prints
+    it as ``caffe8: error: ...``)."""
 
 
 def parse_rate(text):
@@ -154,7 +147,7 @@ class EmulatedCluster:
                 state = json.load(f)
         except FileNotFoundError:
             raise ClusterError(f"no emulated cluster '{prefix}' is up (no {path}); "
-                               f"start one with 'up'") from None
+                               f"start one with 'caffe8 cluster up'") from None
         return cls(state["nodes"], state["rate"], state["delay"], prefix, state["subnet"])
 
     def up(self):
@@ -210,7 +203,7 @@ class EmulatedCluster:
         cases = "".join(f"  {self.host(i)}) ns={self.ns(i)} ;;\n" for i in range(self.nodes))
         script = (
             "#!/bin/sh\n"
-            "# Written by scripts/emulated_cluster.py: Hydra's ssh launcher, into a namespace.\n"
+            "# Written by caffe8.cluster: Hydra's ssh launcher, into a namespace.\n"
             "while [ $# -gt 0 ]; do case \"$1\" in -*) shift ;; *) break ;; esac; done\n"
             "host=$1; shift\n"
             f"case \"$host\" in\n{cases}"
@@ -273,10 +266,10 @@ class EmulatedCluster:
         """``mpiexec`` (run in node 0) over every node, ``ppn`` processes each; ``env``: more
         ``-genv`` variables; ``mpmd``: ``argv`` is mpiexec's MPMD form (``-n 1 CMD : -n 1 ...``),
         which sets the process count itself."""
-        mpiexec = mpiexec or _default_mpiexec()
+        mpiexec = mpiexec or default_mpiexec()
         if shutil.which(mpiexec) is None:
-            raise ClusterError("no mpiexec beside this python or on PATH: run the script with "
-                               "the venv's python (.venv/bin/python), which has the mpich wheel")
+            raise ClusterError("no mpiexec beside this python or on PATH: run the venv's caffe8 "
+                               "(.venv/bin/caffe8), whose python has the mpich wheel")
         hosts = ",".join(f"{self.host(i)}:{ppn}" for i in range(self.nodes))
         cmd = [mpiexec, "-launcher", "ssh", "-launcher-exec", self.launcher, "-hosts", hosts]
         if not mpmd:
@@ -321,76 +314,7 @@ class EmulatedCluster:
         return out
 
 
-def _default_mpiexec():
-    """The mpiexec beside this python (the venv's mpich wheel), else the one on PATH (as
-    _runs._default_mpiexec; not imported from there: this tool needs only the standard library,
-    so it can say what is missing without the project's packages)."""
+def default_mpiexec():
+    """The mpiexec beside this python (the venv's mpich wheel), else the one on PATH."""
     here = os.path.join(os.path.dirname(sys.executable), "mpiexec")
     return here if os.path.exists(here) else (shutil.which("mpiexec") or here)
-
-
-def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    sub = ap.add_subparsers(dest="verb", required=True)
-    shape = argparse.ArgumentParser(add_help=False)
-    shape.add_argument("--nodes", type=int, default=None, help="nodes (default 2)")
-    shape.add_argument("--rate", default=None, help="each link's rate, tc units (default 10gbit)")
-    shape.add_argument("--delay", default="", help="one-way delay per link end (netem: 50us)")
-    common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--prefix", default=DEFAULT_PREFIX, help="names of the namespaces")
-    sub.add_parser("up", parents=[shape, common], help="create the cluster")
-    sub.add_parser("down", parents=[common], help="kill its processes and remove it")
-    sub.add_parser("counters", parents=[common], help="bytes sent/received per node link")
-    run = sub.add_parser("run", parents=[shape, common],
-                         help="run CMD under mpiexec on every node (with --nodes/--rate given: "
-                              "up, run, down in one)")
-    run.add_argument("--ppn", type=int, default=1, help="processes per node")
-    run.add_argument("--timeout", type=float, default=None, help="seconds before it is killed")
-    run.add_argument("cmd", nargs=argparse.REMAINDER, help="-- CMD ...")
-    args = ap.parse_args(argv)
-    try:
-        return _dispatch(args, ap)
-    except ClusterError as e:
-        print(f"emulated_cluster: error: {e}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        print("emulated_cluster: interrupted", file=sys.stderr)
-        return 130
-
-
-def _dispatch(args, ap):
-    shape = {}
-    if args.verb in ("up", "run"):
-        shape = dict(nodes=args.nodes or 2, rate=args.rate or "10gbit", delay=args.delay,
-                     prefix=args.prefix)
-    if args.verb == "up":
-        c = EmulatedCluster(**shape).up()
-        print(f"up: {c.nodes} nodes ({', '.join(c.host(i) for i in range(c.nodes))}), "
-              f"links {c.rate}{' + ' + c.delay + ' delay' if c.delay else ''}")
-        return 0
-    if args.verb == "down":
-        removed, killed = EmulatedCluster(prefix=args.prefix).down()
-        if removed:
-            print(f"down: removed {len(removed)} namespaces ({', '.join(removed)}), killed "
-                  f"{killed} processes")
-        else:
-            print(f"down: no emulated cluster '{args.prefix}' was up; nothing to remove")
-        return 0
-    if args.verb == "counters":
-        print(json.dumps(EmulatedCluster.load(args.prefix).counters(), indent=1))
-        return 0
-    cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
-    if not cmd:
-        ap.error("run: give the command after --")
-    # A one-shot run when the shape is given on the command line; else the cluster that is up.
-    if args.nodes is not None or args.rate is not None:
-        with EmulatedCluster(**shape) as c:
-            return c.run(cmd, args.ppn, args.timeout)
-    c = EmulatedCluster.load(args.prefix)
-    print(f"+ {' '.join(shlex.quote(a) for a in c.mpiexec_argv(cmd, args.ppn))}",
-          file=sys.stderr)
-    return c.run(cmd, args.ppn, args.timeout)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -7,9 +7,9 @@ One machine, 4 processes::
     torchrun --nproc-per-node 4 examples/pytorch_ddp_fashion_mnist.py
 
 Started by MPICH's mpiexec instead (its PMI_RANK / PMI_SIZE; ``--master`` names rank 0's
-address), e.g. on scripts/emulated_cluster.py's 2 nodes of 2 processes (docs/PYTORCH.md)::
+address), e.g. on ``caffe8 cluster``'s 2 nodes of 2 processes (docs/PYTORCH.md)::
 
-    python -m scripts.emulated_cluster run --nodes 2 --rate 1gbit --ppn 2 -- \\
+    .venv/bin/caffe8 cluster run --nodes 2 --rate 1gbit --ppn 2 -- \\
         .venv/bin/python examples/pytorch_ddp_fashion_mnist.py --master 10.208.0.1 \\
         --processes-per-node 2
 

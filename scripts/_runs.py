@@ -22,6 +22,7 @@ import sys
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
+from caffe8.cluster import default_mpiexec as _default_mpiexec    # noqa: F401 (the studies' name)
 from caffe8.engine.errors import CaffeError
 from caffe8.engine.prototxt import parse_file, to_text
 from caffe8.engine.timing import read_log as read_timing_log    # noqa: F401 (the studies' name)
@@ -223,12 +224,6 @@ def iteration_walls(records, skip):
         if r["iteration"] >= skip:
             walls[r["iteration"]] = max(walls.get(r["iteration"], 0.0), r["wall"])
     return walls
-
-
-def _default_mpiexec():
-    """The mpiexec next to this python (the venv's mpich wheel), else the one on PATH."""
-    here = os.path.join(os.path.dirname(sys.executable), "mpiexec")
-    return here if os.path.exists(here) else "mpiexec"
 
 
 def write_rows(rows, fields, path, digits=6):

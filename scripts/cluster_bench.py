@@ -12,10 +12,10 @@ Usage (as root, from the repository root; PyTorch only needed for the ``ddp-*`` 
         --variants ddp-fp32,ddp-fp16,ddp-bf16,ddp-powersgd1,ddp-powersgd4,ddp-fp8,ddp-fp8h \\
         --rates 1gbit,10gbit --iters 12 --skip 4 --rounds 2 --csv runs/cluster/hooks.csv
 
-For every link rate and node count it brings up an emulated cluster (scripts/emulated_cluster.py:
-network namespaces behind a ``tc``-shaped switch), and then, ``--rounds`` times, runs every
-(net, layout, variant) in turn — interleaved, so a change in the machine's load hits every
-variant alike. Layout ``NxP`` is N nodes of P processes.
+For every link rate and node count it brings up an emulated cluster (``caffe8.cluster``, what
+``caffe8 cluster`` runs: network namespaces behind a ``tc``-shaped switch), and then,
+``--rounds`` times, runs every (net, layout, variant) in turn — interleaved, so a change in the
+machine's load hits every variant alike. Layout ``NxP`` is N nodes of P processes.
 
 Nets: ``caffenet`` and ``googlenet`` are the emulated ones (prototxt/*_emulated: the real
 tensors, GPU-like compute that sleeps); ``lenet`` is BVLC's LeNet with real compute on the host
@@ -327,7 +327,7 @@ class LinkSampler:
         return out[0] if out else None
 
     def _read(self, pid):
-        from scripts.emulated_cluster import IFACE
+        from caffe8.cluster import IFACE
         with open(f"/proc/{pid}/net/dev", encoding="ascii") as f:
             for line in f:
                 name, _, rest = line.partition(":")
@@ -363,7 +363,7 @@ class LinkSampler:
 def _cluster_run(cluster, argv, ppn, log, timeout, mpmd=False, nodes=None, real=False):
     """Run on the first ``nodes`` nodes of ``cluster`` (the one-process baseline: node 0), output
     to ``log``; the exit status, or None when the job ran past ``timeout`` and was killed."""
-    from scripts.emulated_cluster import ClusterError, EmulatedCluster
+    from caffe8.cluster import ClusterError, EmulatedCluster
     sub = cluster
     if nodes is not None and nodes != cluster.nodes:
         sub = EmulatedCluster(nodes, cluster.rate, cluster.delay, cluster.prefix, cluster.subnet)
@@ -398,7 +398,7 @@ def _net_batch(solver):
 
 # --- the sweep ---------------------------------------------------------------------------------
 def sweep(args):
-    from scripts.emulated_cluster import EmulatedCluster
+    from caffe8.cluster import EmulatedCluster
     layouts = [parse_layout(t) for t in args.layouts.split(",")]
     variants = [(v, parse_variant(v)) for v in args.variants.split(",")]
     if any(kind == "ddp" for _, (kind, _, _) in variants):
@@ -459,7 +459,7 @@ def _round(cluster, args, net, rate, rnd, layouts, variants):
                    "load_1min": load}
             # the link's use by the transfers: bytes node 0 sent per iteration over the wire time
             # they would take at the link's rate, divided by the measured transfer time
-            from scripts.emulated_cluster import parse_rate
+            from caffe8.cluster import parse_rate
             wire_s = row["link_mb"] * 8e6 / parse_rate(rate)
             row["link_use"] = wire_s / comm[1] if comm[1] > 0 else float("nan")
             rows.append(row)
@@ -583,7 +583,7 @@ def main(argv=None):
         return mpi_worker(args)
     if args.iters <= args.skip:
         ap.error("--iters must exceed --skip")
-    from scripts.emulated_cluster import ClusterError, available
+    from caffe8.cluster import ClusterError, available
     ok, why = available()
     if not ok:
         print(f"cluster_bench: error: {why}", file=sys.stderr)

@@ -22,7 +22,7 @@ TOOLS = ("train", "test", "time", "device_query", "plot_training_log",
          "convert_imageset", "convert_mnist_data", "compute_image_mean", "extract_features",
          "inspect", "convert", "upgrade_net_proto_text", "upgrade_net_proto_binary",
          "upgrade_solver_proto_text", "draw_net",
-         "bench", "perf_model")
+         "cluster", "bench", "perf_model")
 
 
 def tool_modules():

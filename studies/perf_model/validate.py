@@ -662,7 +662,7 @@ def cluster_costs(rates, cores, rate_bps, ppn):
 def predict_cluster_row(row, layers, rates, cores, bucket_kb=1024):
     """Predicted seconds per iteration of one cluster_bench.py CSV row (caffe8's buckets of
     ``bucket_kb`` KiB, comm.bucket_kb's default)."""
-    from scripts.emulated_cluster import parse_rate
+    from caffe8.cluster import parse_rate
     m = VARIANT.match(row["variant"])
     if not m:
         raise ValueError(f"unknown variant {row['variant']!r} (c8-<fp32|fp16|fp8>-<sync|async>, "
@@ -701,7 +701,7 @@ def tcp_rate_from_mpi_reference(row, layers, rates=None, cores=HOST_CORES):
     (CPU-bound: bytes crossing the link per process / (its core share × (iter_ms − the
     latency steps) − the sum's time)); ``layers``: the row's net (emulated_layers)."""
     import math
-    from scripts.emulated_cluster import parse_rate
+    from caffe8.cluster import parse_rate
     rates = dict(HOST_RATES, **(rates or {}))
     nodes, ppn = int(row["nodes"]), int(row["ppn"])
     p = nodes * ppn
@@ -749,7 +749,7 @@ def cluster_validation(csv_paths, out_dir, rates=None, cores=None, nets=None, li
         lines.append(f"{r['net']:9s} {r['layout']:6s} {r['rate']:7s} {r['variant']:14s} "
                      f"{float(r['iter_ms']):9.1f} {r['predicted_ms']:9.1f} "
                      f"{r['error_pct']:+6.1f}%{flag}")
-    from scripts.emulated_cluster import parse_rate
+    from caffe8.cluster import parse_rate
     refs = [r for r in rows if r["variant"] == "mpi-fp32" and int(r["nodes"]) > 1]
     for r in refs:       # the reference transfers at their highest rate (CPU-bound)
         if parse_rate(r["rate"]) < max(parse_rate(q["rate"]) for q in refs

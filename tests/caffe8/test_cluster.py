@@ -1,26 +1,25 @@
-"""scripts/emulated_cluster.py: rate parsing, the Hydra launcher script, the one-line errors
-(no namespaces needed), then real clusters (skipped where network namespaces cannot be made):
-namespaces and hosts files, per-node hostnames, MPI data on the shaped link, teardown after a
-failure, a timeout and Ctrl-C, and a 2-node fp8 digits training across the namespaces.
+"""caffe8.cluster: rate parsing, the Hydra launcher script, the tools it needs (no namespaces
+needed), then real clusters (skipped where network namespaces cannot be made): namespaces and
+hosts files, per-node hostnames, MPI data on the shaped link, teardown after a failure and a
+timeout, and a 2-node fp8 digits training across the namespaces. The command line,
+``caffe8 cluster``: tests/caffe8/tools/test_cluster_tool.py.
 
 Every cluster here uses the prefix "c8t" (never the default "c8", which others may be using)."""
 import os
 import re
-import signal
 import subprocess
 import sys
 import time
 
 import pytest
 
-from scripts import emulated_cluster as ec
+from caffe8 import cluster as ec
 from tests.engine.conftest import digits_root, in_digits_cwd
 from tests.engine.trainer_util import write_solver
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 PREFIX = "c8t"
-MODULE = ["-m", "scripts.emulated_cluster"]    # run from REPO
 MiB = 1 << 20
 
 
@@ -100,48 +99,6 @@ def test_launcher_refuses_an_unknown_host(tmp_path, monkeypatch):
         assert r.stdout == ""  # nothing was started
 
 
-def test_up_as_non_root_is_one_error_line(monkeypatch, capsys):
-    monkeypatch.setattr(ec.os, "geteuid", lambda: 1000)
-    # would fail loudly if it got as far as touching namespaces or the state folder
-    monkeypatch.setattr(ec, "_sh", lambda *a, **k: pytest.fail(f"ran {a}"))
-    assert ec.main(["up", "--nodes", "2", "--rate", "1gbit", "--prefix", PREFIX]) == 1
-    out, err = capsys.readouterr()
-    assert out == ""
-    assert err.count("\n") == 1 and err.startswith("emulated_cluster: error: needs root")
-
-
-def test_down_says_what_it_removed_or_that_nothing_was_up(monkeypatch, tmp_path, capsys):
-    """The namespaces ``ip netns`` lists under the prefix (and no other) are removed and
-    named, with the processes killed in them; with none, it says nothing was up."""
-    monkeypatch.setattr(ec, "STATE_ROOT", str(tmp_path))
-    pids = {"c8t-n0": ["101", "102"], "c8t-sw": []}
-    ran = []
-
-    def sh(argv, check=True, capture=False):
-        ran.append(argv)
-        if argv[:3] == ["ip", "netns", "list"]:
-            return "c8t-n0 (id: 1)\nc8t-sw (id: 0)\nc8tx-n0\nother\n"
-        if argv[:3] == ["ip", "netns", "pids"]:  # the processes, gone once killed
-            alive, pids[argv[3]] = pids[argv[3]], []
-            return "\n".join(alive)
-        return ""
-    monkeypatch.setattr(ec, "_sh", sh)
-    monkeypatch.setattr(ec.os, "kill", lambda pid, sig: None)
-    assert ec.main(["down", "--prefix", "c8t"]) == 0
-    assert capsys.readouterr().out == ("down: removed 2 namespaces (c8t-n0, c8t-sw), killed 2 "
-                                       "processes\n")
-    assert [a[3] for a in ran if a[:3] == ["ip", "netns", "del"]] == ["c8t-n0", "c8t-sw"]
-    monkeypatch.setattr(ec, "_sh", lambda *a, **k: "")
-    assert ec.main(["down", "--prefix", "c8t"]) == 0
-    assert capsys.readouterr().out == "down: no emulated cluster 'c8t' was up; nothing to remove\n"
-
-
-def test_bad_rate_on_the_command_line_is_one_error_line(capsys):
-    assert ec.main(["up", "--rate", "fast", "--prefix", PREFIX]) == 1
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "'fast'" in err
-
-
 def test_available(monkeypatch):
     monkeypatch.setattr(ec.os, "geteuid", lambda: 1000)
     ok, why = ec.available()
@@ -169,23 +126,6 @@ def _ours():
 def _pids(ns):
     return subprocess.run(["ip", "netns", "pids", ns], capture_output=True,
                           text=True).stdout.split()
-
-
-def _cmdline(pid):
-    try:
-        with open(f"/proc/{pid}/cmdline") as f:
-            return f.read()
-    except OSError:
-        return ""
-
-
-def _running(pid):
-    """Whether process ``pid`` still runs (a killed one may linger as a zombie until reaped)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return False
 
 
 def _assert_gone():
@@ -340,13 +280,6 @@ def test_down_removes_everything_after_a_failing_command(netns_ok, tmp_path):
             assert len(_ours()) == 3
             raise RuntimeError("body failed")
     _assert_gone()
-    # the one-shot command line: the job's status comes back, nothing is left
-    try:
-        assert ec.main(["run", "--nodes", "2", "--rate", "1gbit", "--prefix", PREFIX, "--",
-                        "false"]) == 1
-    finally:
-        ec.EmulatedCluster(prefix=PREFIX).down()
-    _assert_gone()
 
 
 @pytest.mark.mpi
@@ -360,40 +293,6 @@ def test_hanging_run_is_killed_at_the_timeout(make_cluster):
     assert len(_ours()) == 3  # the cluster is still up, its processes are not
     for i in range(2):
         assert _pids(c.ns(i)) == []
-
-
-@pytest.mark.mpi
-@pytest.mark.timeout(90)
-def test_ctrl_c_tears_the_one_shot_cluster_down(netns_ok):
-    cmd = [sys.executable, *MODULE, "run", "--nodes", "2", "--rate", "1gbit", "--prefix", PREFIX,
-           "--", "sleep", "60"]
-    # SIGINT as a terminal's Ctrl-C would deliver it, even where the test runner ignores it
-    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
-    try:
-        deadline, job = time.monotonic() + 30, []
-        while time.monotonic() < deadline and proc.poll() is None:
-            # the cluster is up (c8t-n0 listed) and the job's sleep runs on node 1 (not just
-            # one of up's tc commands)
-            if f"{PREFIX}-n0" in _netns() and any(
-                    _cmdline(p).startswith("sleep\0") for p in _pids(f"{PREFIX}-n1")):
-                job = _pids(f"{PREFIX}-n0") + _pids(f"{PREFIX}-n1")
-                break
-            time.sleep(0.1)
-        assert job, f"the job never started: {proc.poll()}"
-        proc.send_signal(signal.SIGINT)
-        out, err = proc.communicate(timeout=15)
-        assert proc.returncode == 130, (out, err)
-        assert "interrupted" in err
-        alive = [p for p in job if _running(p)]
-        assert alive == [], alive
-        _assert_gone()
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        ec.EmulatedCluster(prefix=PREFIX).down()
 
 
 @pytest.mark.mpi

@@ -168,7 +168,7 @@ def test_the_fp8_hook_sends_a_quarter_of_ddps_bytes_over_the_shaped_link(tmp_pat
     """A tiny configuration of the whole benchmark on a real emulated cluster (2 nodes of one
     process, 1 Gbit/s): the link's byte counter per iteration, fp8 hook against DDP's float32."""
     pytest.importorskip("torch")
-    from scripts import emulated_cluster as ec
+    from caffe8 import cluster as ec
     ok, why = ec.available()
     if not ok:
         pytest.skip(f"no emulated cluster here: {why}")

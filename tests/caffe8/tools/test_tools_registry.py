@@ -17,7 +17,7 @@ FIRST_ARGUMENT = {"train": "--solver", "test": "--model", "time": "--model",
                   "compute_image_mean": "INPUT_DB", "extract_features": "pretrained_net_param",
                   "inspect": "model", "convert": "src", "upgrade_net_proto_text": "IN",
                   "upgrade_net_proto_binary": "IN", "upgrade_solver_proto_text": "IN",
-                  "draw_net": "input_net_proto_file", "bench": "--elements",
+                  "draw_net": "input_net_proto_file", "cluster": "counters", "bench": "--elements",
                   "perf_model": "--model"}
 
 

@@ -1,0 +1,100 @@
+"""``caffe8 cluster up|run|counters|down``: an emulated cluster on this machine (as root): N
+nodes as network namespaces on a switch whose links ``tc`` shapes to ``--rate``, MPICH's
+mpiexec over TCP between them (``caffe8.cluster``; docs/MPI.md, "An emulated cluster")::
+
+    caffe8 cluster up --nodes 2 --rate 1gbit [--delay 50us]
+    caffe8 cluster run --ppn 1 -- caffe8 train -solver S
+    caffe8 cluster counters
+    caffe8 cluster down
+
+    # or all three in one, always torn down afterwards (also on an error or Ctrl-C):
+    caffe8 cluster run --nodes 2 --rate 10gbit --ppn 1 -- CMD ...
+
+Everything after ``cluster`` reaches the tool unparsed (``RAW_ARGUMENTS``): the command after
+``--`` is run exactly as given, its Caffe-style ``-flags`` included.
+"""
+import argparse
+import sys
+
+NAME = "cluster"
+HELP = ("an emulated cluster of network namespaces on tc-shaped links, as root (up, run, "
+        "counters, down; caffe8 cluster --help lists them)")
+GROUP = "cluster"
+#: the dispatcher hands everything after the name to run() as args.rest
+RAW_ARGUMENTS = True
+
+
+def add_arguments(p):
+    p.add_argument("rest", nargs=argparse.REMAINDER, help="the verb and its arguments")
+
+
+def parser():
+    """The verbs and their flags (``caffe8 cluster --help``)."""
+    from caffe8.cluster import DEFAULT_PREFIX
+    ap = argparse.ArgumentParser(
+        prog="caffe8 cluster", description="An emulated cluster on one machine: N nodes as "
+        "network namespaces behind a switch whose links tc shapes (needs root).")
+    sub = ap.add_subparsers(dest="verb", required=True)
+    shape = argparse.ArgumentParser(add_help=False)
+    shape.add_argument("--nodes", type=int, default=None, help="nodes (default 2)")
+    shape.add_argument("--rate", default=None, help="each link's rate, tc units (default 10gbit)")
+    shape.add_argument("--delay", default="", help="one-way delay per link end (netem: 50us)")
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--prefix", default=DEFAULT_PREFIX, help="names of the namespaces")
+    sub.add_parser("up", parents=[shape, common], help="create the cluster")
+    sub.add_parser("down", parents=[common], help="kill its processes and remove it")
+    sub.add_parser("counters", parents=[common], help="bytes sent/received per node link")
+    run_ = sub.add_parser("run", parents=[shape, common],
+                          help="run CMD under mpiexec on every node (with --nodes/--rate "
+                               "given: up, run, down in one)")
+    run_.add_argument("--ppn", type=int, default=1, help="processes per node")
+    run_.add_argument("--timeout", type=float, default=None, help="seconds before it is killed")
+    run_.add_argument("cmd", nargs=argparse.REMAINDER, help="-- CMD ...")
+    return ap
+
+
+def run(args):
+    ap = parser()
+    opts = ap.parse_args(args.rest)
+    try:
+        return _dispatch(opts, ap)
+    except KeyboardInterrupt:
+        print("caffe8 cluster: interrupted", file=sys.stderr)
+        return 130
+
+
+def _dispatch(args, ap):
+    import json
+    import shlex
+    from caffe8.cluster import EmulatedCluster
+    shape = {}
+    if args.verb in ("up", "run"):
+        shape = dict(nodes=args.nodes or 2, rate=args.rate or "10gbit", delay=args.delay,
+                     prefix=args.prefix)
+    if args.verb == "up":
+        c = EmulatedCluster(**shape).up()
+        print(f"up: {c.nodes} nodes ({', '.join(c.host(i) for i in range(c.nodes))}), "
+              f"links {c.rate}{' + ' + c.delay + ' delay' if c.delay else ''}")
+        return 0
+    if args.verb == "down":
+        removed, killed = EmulatedCluster(prefix=args.prefix).down()
+        if removed:
+            print(f"down: removed {len(removed)} namespaces ({', '.join(removed)}), killed "
+                  f"{killed} processes")
+        else:
+            print(f"down: no emulated cluster '{args.prefix}' was up; nothing to remove")
+        return 0
+    if args.verb == "counters":
+        print(json.dumps(EmulatedCluster.load(args.prefix).counters(), indent=1))
+        return 0
+    cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
+    if not cmd:
+        ap.error("run: give the command after --")
+    # A one-shot run when the shape is given on the command line; else the cluster that is up.
+    if args.nodes is not None or args.rate is not None:
+        with EmulatedCluster(**shape) as c:
+            return c.run(cmd, args.ppn, args.timeout)
+    c = EmulatedCluster.load(args.prefix)
+    print(f"+ {' '.join(shlex.quote(a) for a in c.mpiexec_argv(cmd, args.ppn))}",
+          file=sys.stderr)
+    return c.run(cmd, args.ppn, args.timeout)
