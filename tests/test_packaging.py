@@ -97,3 +97,15 @@ def test_the_installed_package_loads_its_own_kernels(wheel, tmp_path):
     assert comm_lib.startswith(str(target / "caffe8" / "comm" / "_kernels.")), r.stdout
     assert all(m.startswith(str(target)) for m in modules.split()), modules
     assert not cache.exists() or not os.listdir(cache), os.listdir(cache)
+
+
+def test_test_module_basenames_are_unique():
+    """pytest imports test modules by basename (the test folders are not packages): two files
+    of one name in different folders stop a whole-suite run at collection."""
+    root = os.path.dirname(os.path.abspath(__file__))
+    seen = {}
+    for folder, _, files in os.walk(root):
+        for name in files:
+            if name.startswith("test_") and name.endswith(".py"):
+                seen.setdefault(name, []).append(os.path.relpath(os.path.join(folder, name), root))
+    assert not {n: p for n, p in seen.items() if len(p) > 1}
