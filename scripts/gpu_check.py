@@ -2,7 +2,23 @@
 
     python -m scripts.gpu_check [--out runs/gpu_check] [--budget 540] [--only STEP,...]
 
-On a machine with a CUDA GPU (CuPy working) it runs, each step under its own time limit:
+A dev tool, not part of the package: it drives the repository's own tests and benchmark scripts,
+so it runs from the root of a clone (``python -m scripts.gpu_check`` or
+``python scripts/gpu_check.py``). On a machine with an NVIDIA GPU (one is enough), in a venv
+with the extras its steps use (tests, mpiexec, PyTorch for ``peer_bench``) and the CuPy wheels
+for the driver's CUDA (README, "On GPUs")::
+
+    python -m venv .venv
+    .venv/bin/pip install -e '.[mpi,test,torch,cuda13]'    # cuda12: a driver before 580
+    .venv/bin/python -m scripts.gpu_check                  # under 9 minutes; a table at the end
+
+A machine without a package index can use a Python that already has CuPy and PyTorch, with the
+wheels it lacks brought along and installed from their files (``pip install --no-index``; the
+run in docs/BENCHMARKS.md "G" brought lmdb, mpi4py, mpich, plyvel, protobuf, pydot and
+scipy-openblas32). One command does the whole check (``--budget``, 540 s, keeps it inside a
+10-minute limit); ``--only`` reruns single steps; each step's log goes to ``--out``.
+
+With a CUDA GPU (CuPy working) it runs, each step under its own time limit:
 
 1. the ``gpu``-marked tests (``pytest -m gpu``, on 8 workers where pytest-xdist is installed):
    passed / failed / skipped counts;
@@ -25,7 +41,6 @@ import argparse
 import importlib.util
 import os
 import re
-import shutil
 import statistics
 import subprocess
 import sys
@@ -127,11 +142,6 @@ def _batch():
     return _runs.net_batch_size(_runs.load_train_net(SOLVER)[1])
 
 
-def _mpiexec():
-    here = os.path.join(os.path.dirname(sys.executable), "mpiexec")
-    return here if os.path.exists(here) else shutil.which("mpiexec") or "mpiexec"
-
-
 EXCHANGE_RUNS = (("none", "fp32", False, 1), ("fp8_sync", "fp8", False, 2),
                  ("fp8_async", "fp8", True, 2), ("fp32_sync", "fp32", False, 2),
                  ("fp32_async", "fp32", True, 2))
@@ -146,7 +156,8 @@ def exchange_step(out, limit):
         run_dir = os.path.join(out, f"exchange_{name}")
         solver = _runs.write_run_prototxts(SOLVER, run_dir, _batch(), codec, asynchronous, 0, 12)
         logs[name] = [os.path.join(run_dir, f"timing.r{r}.jsonl") for r in range(processes)]
-        cmd = _runs.train_command(processes, solver, logs[name], sys.executable, _mpiexec())
+        cmd = _runs.train_command(processes, solver, logs[name], sys.executable,
+                                  _runs._default_mpiexec())
         left = (limit - seconds) / (len(EXCHANGE_RUNS) - k)
         status, t, _ = run_step(cmd, max(left, 10), os.path.join(run_dir, "train.log"))
         seconds += t
