@@ -12,6 +12,7 @@ from caffe8.engine import blas
 from caffe8.engine.trainer import Trainer
 from caffe8.layers import native
 from tests.engine import trajectory, trajectory_nets
+from tests.engine.test_mpi_training import _mpiexec
 
 STEPS = 4
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -98,13 +99,6 @@ def test_single_convolution_on_alternating_batches(tmp_path, size, kernel, pad):
     assert not bad, "; ".join(bad)
     conv_weight = names.index("conv/0")
     assert max(e[conv_weight] for e in errors) < trajectory.FIRST_STEP_BOUND
-
-
-def _mpiexec():
-    exe = os.path.join(os.path.dirname(sys.executable), "mpiexec")
-    if not os.path.exists(exe):
-        pytest.skip("no mpiexec")
-    return exe
 
 
 @pytest.mark.mpi
