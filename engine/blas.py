@@ -28,14 +28,17 @@ The library's GEMM numerics are OpenBLAS's: float32 products accumulate in float
 the thread count, and its edge kernels round differently (a 50 x 500 x 4096 product differs
 between 1 and 2 threads), so a run whose count adapted to a busy neighbour would not resume bit
 for bit. caffe8 therefore runs OpenBLAS on one thread and splits each product itself into
-blocks chosen from the shapes alone (:func:`_blocks`: per image of a batched product, and along
-the output's longer side in aligned pieces of a minimum work); ``threads()`` workers take the
-blocks from a shared counter (ctypes releases the GIL), so any count gives the same bits, and a
-worker slowed by a busy core holds up one block, not half the product.
+blocks chosen from the shapes and the run's *partition* (:func:`_blocks`: per image of a batched
+product, else along the output's longer side in aligned pieces), a count fixed when the run
+starts — its thread limit — and recorded in its snapshots, so that a resumed run splits alike
+(:func:`set_partition`). ``threads()`` workers, which follow the free cores between iterations,
+take the blocks from a shared counter (ctypes releases the GIL): any worker count gives the same
+bits. Few, large blocks: OpenBLAS packs each block's operands again, so 16 blocks of LeNet's
+conv2 cost 33 % more than one product.
 """
-import concurrent.futures
 import contextlib
 import ctypes
+import functools
 import importlib.util
 import itertools
 import os
@@ -53,9 +56,8 @@ _ROW_MAJOR, _NO_TRANS, _TRANS = 101, 111, 112
 #: a small output over a long inner dimension (a convolution's weight gradient summed over the
 #: batch: LeNet's conv1, 20 x 25 over 36,864 positions) gives pieces that each do too little
 SINGLE_THREAD_OUTPUT = 1024
-#: multiply-adds per block at least (~0.05 ms on one core), and at most this many blocks a product
-BLOCK_WORK = 1 << 19
-MAX_BLOCKS = 16
+#: multiply-adds per block at least (~0.015 ms on one core): smaller products are one block
+BLOCK_WORK = 1 << 18
 #: block edges along the split side are multiples of this (whole micro-kernel tiles)
 BLOCK_ALIGN = 16
 _lock = threading.Lock()
@@ -154,8 +156,8 @@ def describe():
 
 
 _limit = None     # the most workers: OPENBLAS_NUM_THREADS as loaded, within the usable cores
+_partition = None  # blocks a product is split into: the limit when the run started, or restored
 _threads = None   # workers for the next products (adapt_threads / set_num_threads)
-_pool = None      # ThreadPoolExecutor of _limit - 1 helpers (the calling thread is one worker)
 _budget = None    # cpu_share.ThreadBudget once adapt_threads() first runs; False: fixed count
 
 
@@ -181,6 +183,21 @@ def threads():
     return _threads
 
 
+def partition():
+    """How many pieces a product is split into (with the shapes, what decides the bits): the
+    thread limit when first asked, unless a resumed run set it (:func:`set_partition`)."""
+    global _partition
+    if _partition is None:
+        _partition = _thread_limit()
+    return _partition
+
+
+def set_partition(n):
+    """Split products as a run whose snapshot recorded ``n`` did (its bits, whatever the cores)."""
+    global _partition
+    _partition = max(1, int(n))
+
+
 def set_num_threads(n):
     """Workers for the host products (at least 1); they change the speed, never the bits."""
     global _threads, _limit
@@ -203,28 +220,59 @@ def adapt_threads():
         _threads = _budget.poll()
 
 
+class _Helper:
+    """A GEMM worker thread: ``start(job)`` hands it a function, ``join()`` waits for it. Plain
+    locks as the handoff (the cheapest wake-up CPython has; a Future costs ~0.1 ms a product)."""
+
+    def __init__(self, index):
+        self._go, self._done = threading.Lock(), threading.Lock()
+        self._go.acquire()
+        self._done.acquire()
+        self._job = None
+        threading.Thread(target=self._loop, name=f"caffe8-gemm-{index}", daemon=True).start()
+
+    def _loop(self):
+        while True:
+            self._go.acquire()
+            try:
+                self._job()
+            finally:
+                self._done.release()
+
+    def start(self, job):
+        self._job = job
+        self._go.release()
+
+    def join(self):
+        self._done.acquire()
+
+
+_helpers = []
+
+
 def _run_blocks(gemm, blocks):
-    """Each block ``gemm(*args)`` once, on ``threads()`` workers taking them in turn."""
-    global _pool
+    """Each block ``gemm(*args)`` once, on ``threads()`` workers taking them in turn (the
+    calling thread is one of them)."""
     workers = min(threads(), len(blocks))
     if workers <= 1:
         for args in blocks:
             gemm(*args)
         return
-    if _pool is None or _pool._max_workers < _limit - 1:
-        _pool = concurrent.futures.ThreadPoolExecutor(max(1, _limit - 1),
-                                                      thread_name_prefix="caffe8-gemm")
+    while len(_helpers) < workers - 1:
+        _helpers.append(_Helper(len(_helpers)))
     order = itertools.count()
+    count = len(blocks)
 
     def work():
-        for i in iter(order.__next__, len(blocks)):
-            if i >= len(blocks):
-                return
+        i = next(order)
+        while i < count:
             gemm(*blocks[i])
-    helpers = [_pool.submit(work) for _ in range(workers - 1)]
+            i = next(order)
+    for helper in _helpers[:workers - 1]:
+        helper.start(work)
     work()
-    for h in helpers:
-        h.result()
+    for helper in _helpers[:workers - 1]:
+        helper.join()
 
 
 def _split(length, pieces):
@@ -234,15 +282,21 @@ def _split(length, pieces):
     return [(lo, min(lo + step, length)) for lo in range(0, length, step)]
 
 
-def _blocks(m, n, k):
-    """The (rows, cols) output ranges one 2-D product is computed in: a function of the shape
-    only, never of the thread count (the bits must not depend on it)."""
-    pieces = min(MAX_BLOCKS, (m * n * k) // BLOCK_WORK)
+@functools.lru_cache(maxsize=4096)
+def _blocks(m, n, k, items=1, pieces_wanted=None):
+    """The (rows, cols) output ranges each of ``items`` 2-D products is computed in: a function
+    of the shape and the partition (``pieces_wanted``, :func:`partition` by default) only,
+    never of the worker count. Batched products are
+    split by item first; an item is split (along its output's longer side, in pieces aligned to
+    BLOCK_ALIGN) only while there are fewer items than the partition and it holds work enough."""
+    whole = (((0, m), (0, n)),)
+    wanted = -(-(pieces_wanted or partition()) // items)
+    pieces = min(wanted, (m * n * k) // BLOCK_WORK)
     if m * n <= SINGLE_THREAD_OUTPUT or pieces < 2:
-        return [((0, m), (0, n))]
+        return whole
     if n >= m:
-        return [((0, m), cols) for cols in _split(n, pieces)]
-    return [(rows, (0, n)) for rows in _split(m, pieces)]
+        return tuple(((0, m), cols) for cols in _split(n, pieces))
+    return tuple((rows, (0, n)) for rows in _split(m, pieces))
 
 
 def _operand(x):
@@ -321,7 +375,13 @@ def matmul(a, b, out=None, accumulate=False):
     pa, pb, pc = (x.__array_interface__["data"][0] for x in (a_b, b_b, out))
     sa, sb, sc = (x.strides[-2:] for x in (a_b, b_b, out))
     steps = [x.strides[:-2] for x in (a_b, b_b, out)]
-    parts = _blocks(m, n, k)
+    items = 1
+    for d in batch:
+        items *= d
+    parts = _blocks(m, n, k, items, partition())
+    if items == 1 and len(parts) == 1:      # one call, as a plain product
+        gemm(_ROW_MAJOR, ta, tb, m, n, k, 1.0, pa, lda, pb, ldb, beta, pc, ldc)
+        return out
     blocks = []
     for i in numpy.ndindex(*batch):
         oa, ob, oc = (sum(j * st for j, st in zip(i, st_)) for st_ in steps)

@@ -543,6 +543,7 @@ class Trainer:
     def _extra_state(self):
         """Per-rank state Caffe does not save but an exact resume needs, gathered on rank 0."""
         local = {"rng": backend.rng_state(),
+                 "gemm_partition": blas.partition(),    # how host products were split: the bits
                  "layers": self._layer_states(self.net),
                  "test_layers": [self._layer_states(net) for net in self.test_nets],
                  "callbacks": [cb.state() for cb in self.callbacks]}
@@ -582,6 +583,8 @@ class Trainer:
         if extra.get("world") == self.world.size and self.world.rank < len(ranks):
             mine = ranks[self.world.rank]
             backend.set_rng_state(mine["rng"])
+            if "gemm_partition" in mine:        # split products as the saved run did
+                blas.set_partition(mine["gemm_partition"])
             self._set_layer_states(self.net, mine["layers"])
             for net, states in zip(self.test_nets, mine.get("test_layers", [])):
                 self._set_layer_states(net, states)

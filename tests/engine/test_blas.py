@@ -185,20 +185,30 @@ def test_fixed_thread_count_when_adaptation_is_off():
     assert run_python(code, OPENBLAS_NUM_THREADS="2", CAFFE8_ADAPT_THREADS="0") == "False 2"
 
 
-def test_small_output_is_one_block_and_large_ones_split_by_shape_only():
+def test_blocks_follow_the_shape_and_the_runs_partition_only():
     """A small output over a long inner dimension (a weight gradient summed over the batch) is
-    one block; a large product is split along its output's longer side in aligned pieces, the
-    same for any thread count."""
-    assert blas._blocks(20, 25, 36864) == [((0, 20), (0, 25))]
-    assert blas._blocks(8, 8, 8) == [((0, 8), (0, 8))]
-    parts = blas._blocks(50, 4096, 500)
-    assert len(parts) == blas.MAX_BLOCKS and all(rows == (0, 50) for rows, _ in parts)
+    one block; a large product is split into the run's partition along its output's longer side
+    in aligned pieces; a batch of at least that many items is split by item only."""
+    assert blas._blocks(20, 25, 36864, 1, 2) == (((0, 20), (0, 25)),)
+    assert blas._blocks(8, 8, 8, 1, 2) == (((0, 8), (0, 8)),)
+    parts = blas._blocks(50, 4096, 500, 1, 4)
+    assert len(parts) == 4 and all(rows == (0, 50) for rows, _ in parts)
     cols = [c for _, c in parts]
     assert cols[0][0] == 0 and cols[-1][1] == 4096
     assert all(a[1] == b[0] for a, b in zip(cols, cols[1:]))
     assert all(lo % blas.BLOCK_ALIGN == 0 for lo, _ in cols)
-    tall = blas._blocks(4096, 50, 500)
-    assert all(c == (0, 50) for _, c in tall) and tall[-1][0][1] == 4096
+    tall = blas._blocks(4096, 50, 500, 1, 2)
+    assert len(tall) == 2 and all(c == (0, 50) for _, c in tall) and tall[-1][0][1] == 4096
+    assert blas._blocks(20, 576, 25, 64, 2) == (((0, 20), (0, 576)),)     # per image: whole
+
+
+def test_the_partition_is_recorded_and_restored():
+    saved = blas.partition()
+    try:
+        blas.set_partition(3)
+        assert blas.partition() == 3
+    finally:
+        blas.set_partition(saved)
 
 
 @needs_lib

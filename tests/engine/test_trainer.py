@@ -246,3 +246,20 @@ def test_step_one_at_a_time_logs_a_rate(in_digits_cwd, tmp_path):
         t.step(1)
     rates = [float(m.group(1)) for m in map(re.compile(r"Iteration (?:5|10) \(([\d.e+-]+) iter/s").search, lines) if m]
     assert len(rates) == 2 and all(r > 0 for r in rates), lines
+
+
+def test_resume_splits_products_as_the_saved_run(in_digits_cwd, tmp_path, monkeypatch):
+    """The host GEMM's partition (engine/blas.py) is part of the bits: the snapshot records it,
+    and a resumed run started with another one (other cores) takes the saved one back."""
+    from caffe8.engine import blas
+    monkeypatch.setattr(blas, "_partition", 2)
+    net = _lenet_on_hdf5(tmp_path)
+    common = dict(max_iter=4, test_interval=0, test_iter=[], display=0, base_lr=0.01)
+    Trainer(write_solver(tmp_path / "a", net, snapshot=2, **common)).solve()
+    monkeypatch.setattr(blas, "_partition", 3)
+    resumed = Trainer(write_solver(tmp_path / "b", net, snapshot=0, **common))
+    resumed.solve(resume_file=str(tmp_path / "a" / "snap" / "digits_iter_2.solverstate.h5"))
+    assert blas.partition() == 2
+    a = _h5_datasets(tmp_path / "a" / "snap" / "digits_iter_4.caffemodel.h5")
+    b = _h5_datasets(tmp_path / "b" / "snap" / "digits_iter_4.caffemodel.h5")
+    assert all(numpy.array_equal(a[k], b[k]) for k in a)
