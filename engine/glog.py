@@ -53,10 +53,16 @@ class GLog:
     def __init__(self, path=None, enabled=True, stream=None, min_level=None):
         self.enabled = enabled
         self.min_level = env_min_level() if min_level is None else int(min_level)
-        self.stream = stream if stream is not None else sys.stderr
+        self._stream = stream    # None: whatever sys.stderr is when a line is written
         self.file = open(path, "a", encoding="utf-8") if (path and enabled) else None
         self._lock = threading.Lock()
         self._pid = os.getpid()
+
+    @property
+    def stream(self):
+        """Where lines go: the stream given, else the current ``sys.stderr`` (not the one of
+        when the log was made, which a test harness or a notebook may have closed since)."""
+        return self._stream if self._stream is not None else sys.stderr
 
     def _write(self, level, message, depth):
         if LEVELS[level] < self.min_level:
