@@ -57,13 +57,13 @@ PATHS = {"native-2threads": (True, 2), "native-1thread": (True, 1), "numpy-2thre
 @pytest.fixture
 def path(request):
     use_native, threads = PATHS[request.param]
-    saved = native.use_native(use_native)
+    saved, saved_threads = native.use_native(use_native), blas.threads()
     blas.set_num_threads(threads)
     try:
         yield request.param
     finally:
         native.use_native(saved)
-        blas.set_num_threads(os.cpu_count() or 1)
+        blas.set_num_threads(saved_threads)
 
 
 @pytest.mark.parametrize("path", list(PATHS), indirect=True)
