@@ -12,30 +12,37 @@ given. Two lines put it into a DistributedDataParallel script::
 Every step is caffe8's own: the fp8 codec (``comm.codecs``: the ratio, the quantile tracker and
 its sample positions, the fused encode and decode kernels, the ×1/nodes between the two levels),
 the fp8 sum kernel (``comm.ops.local_sum``) and the summation order of caffe8's explicit schedules
-(``comm.allreduce.ordered_sum``). Only the transport is PyTorch's: per bucket, an all-to-all
-(``all_to_all_single``) gives rank r piece r of every rank's fp8 buffer, rank r adds them in
-ascending rank order, and an all-gather hands the sums to everyone — a reduce-scatter and
-all-gather, as caffe8's ``rsag``; with ``processes_per_node`` the two-level form of its
-``hierarchical`` sum (inside each node first, then one piece per node across nodes). So the
-gradients DDP receives are bit for bit those of caffe8's exchange (``comm: { codec: "fp8" }``)
-for the same gradients and weights, and the same on every rank by construction.
+(``comm.allreduce.ordered_sum``). Only the transport is PyTorch's: each bucket moves in pieces
+of at most ``chunk_bytes`` wire bytes; rank r gathers block r of every rank's piece (one gather
+per root, each on a communicator of its own, so that all of them run at once), adds the blocks in
+ascending rank order, and broadcasts its sum back — a reduce-scatter and all-gather, as caffe8's
+``rsag``; with ``processes_per_node`` the two-level form of its ``hierarchical`` sum (inside each
+node first, then one block per node across nodes). So the gradients DDP receives are bit for bit
+those of caffe8's exchange (``comm: { codec: "fp8" }``) for the same gradients and weights, and
+the same on every rank by construction: every step is elementwise, so neither the pieces nor the
+block a rank sums change a bit.
 
 Tensors with fewer than ``min_elements`` elements and those named in ``exclude`` travel as float32
 (caffe8's fp32 codec: summed in the same rank order, divided by P after), in a buffer of their own.
 
 CPU tensors are handed to the kernels as NumPy views of the bucket, the weights and the wire
 buffers (no copies); CUDA tensors as CuPy arrays through DLPack (caffe8's fused CUDA kernels) on
-a stream of the hook's own that waits for the gradients. The hook returns at once: a thread of the
-state encodes, exchanges and decodes the buckets in the order DDP hands them over (the same on
-every rank), on communicators of its own (``torch.distributed.new_group``), so that its
-collectives never interleave with DDP's; DDP waits for the futures before the optimizer runs.
-Works with any process group that has all-to-all and all-gather (gloo, NCCL, MPI), with
+a stream of the hook's own that waits for the gradients. The hook returns at once: a thread of
+the state encodes each piece and posts its first gathers as soon as DDP hands the bucket over, and
+finishes the pieces (sums, broadcasts, decodes) oldest first while later ones travel, on
+communicators of its own (``torch.distributed.new_group``), so that its collectives never
+interleave with DDP's and each communicator sees them in the same order on every rank; DDP waits
+for the futures before the optimizer runs. gloo's ``all_to_all_single`` moved about half a
+1 Gbit/s link's rate in each direction on the emulated cluster where one gather per root moves
+nearly all of it (docs/PYTORCH.md). Works with any process group that has gather and broadcast
+(gloo, NCCL, MPI), with
 ``no_sync`` (gradients accumulated over the skipped steps are exchanged at the next synchronised
 one) and ``static_graph``.
 
 torch is optional for caffe8: ``import caffe8`` never imports it, and without it this module
 raises one ImportError that says how to install it.
 """
+import collections
 import contextlib
 import queue
 import threading
@@ -65,7 +72,6 @@ __all__ = ["Fp8State", "fp8_hook"]
 #: Fp8State's arguments that are fields of caffe8's comm block (engine/proto/caffe.proto holds
 #: their defaults and allowed ranges); ``None`` takes the block's default
 _COMM_FIELDS = ("quantile", "epsilon", "samples", "quantile_interval", "rounding")
-_all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
 
 def _comm_block(values):
@@ -93,7 +99,9 @@ class Fp8State:
     (caffe8's ``rsag``); an integer P' makes nodes of P' consecutive ranks and sums in two levels
     (caffe8's ``hierarchical``), e.g. ``int(os.environ["LOCAL_WORLD_SIZE"])`` under torchrun.
     ``min_elements``: tensors with fewer elements travel as float32. ``exclude``: parameters
-    (tensors) or parameter names (with ``module``) that travel as float32.
+    (tensors) or parameter names (with ``module``) that travel as float32. ``chunk_bytes``: the
+    wire bytes of one piece of a bucket (4 MiB): a bucket's pieces are encoded, sent, summed
+    and decoded one after the other, so the first is on the link while the next is encoded.
 
     ``module``: the model (the DDP wrapper or the module it wraps), needed to name parameters in
     ``exclude``; it also numbers the parameters as caffe8 numbers a net's (their offsets in the
@@ -107,7 +115,7 @@ class Fp8State:
 
     def __init__(self, process_group=None, quantile=None, epsilon=None, samples=None,
                  processes_per_node=None, rounding=None, min_elements=0, exclude=(),
-                 quantile_interval=None, module=None):
+                 quantile_interval=None, module=None, chunk_bytes=4 << 20):
         if not (dist.is_available() and dist.is_initialized()):
             raise RuntimeError("caffe8.ddp.Fp8State: torch.distributed is not initialised; call "
                                "torch.distributed.init_process_group first")
@@ -118,6 +126,10 @@ class Fp8State:
             raise ValueError(f"caffe8.ddp.Fp8State: min_elements must be an integer >= 0, got "
                              f"{min_elements!r}")
         self.min_elements = min_elements
+        if isinstance(chunk_bytes, bool) or not isinstance(chunk_bytes, int) or chunk_bytes < 1:
+            raise ValueError(f"caffe8.ddp.Fp8State: chunk_bytes must be an integer >= 1, got "
+                             f"{chunk_bytes!r}")
+        self.chunk_bytes = chunk_bytes
         group = process_group if process_group is not None else dist.group.WORLD
         self.ranks = sorted(dist.get_process_group_ranks(group))
         self.size = len(self.ranks)
@@ -125,14 +137,17 @@ class Fp8State:
         self.backend = dist.get_backend(group)
         self.nodes, self.local = self._node_layout(processes_per_node)
         # the hook's own communicators: its collectives never meet DDP's on one group
-        self.group = dist.new_group(self.ranks, backend=self.backend)
-        self.intra = self.inter = None
-        if processes_per_node is not None:
-            self.intra, _ = dist.new_subgroups_by_enumeration(
-                [self.ranks[n * self.local:(n + 1) * self.local] for n in range(self.nodes)],
-                backend=self.backend)
-            self.inter, _ = dist.new_subgroups_by_enumeration(
-                [self.ranks[i::self.local] for i in range(self.local)], backend=self.backend)
+        self.group = _communicators(("all", self.backend, tuple(self.ranks)),
+                                    lambda: dist.new_group(self.ranks, backend=self.backend))
+        if processes_per_node is None:
+            lists = [[self.ranks]]
+        else:                                # inside each node, then across the nodes
+            lists = [[self.ranks[n * self.local:(n + 1) * self.local] for n in range(self.nodes)],
+                     [self.ranks[i::self.local] for i in range(self.local)]]
+        mine = dist.get_rank()
+        self.levels = [_communicators(("level", self.backend, tuple(map(tuple, level))),
+                                      lambda level=level: _Level(level, mine, self.backend))
+                       for level in lists if len(level[0]) > 1]
         #: (addends before the ×1/nodes, after): caffe8's ``Transport.stages``
         self.stages = (self.local, self.nodes) if processes_per_node is not None else \
             (self.size, 1)
@@ -229,7 +244,7 @@ class Fp8State:
             self._queue = queue.Queue()
             self._thread = threading.Thread(target=self._serve, name="caffe8-ddp", daemon=True)
             self._thread.start()
-        self._queue.put((bucket.index(), buf, tensors, iteration, event, future))
+        self._queue.put(_Job(bucket.index(), buf, tensors, iteration, event, future))
         return future
 
     def close(self):
@@ -241,49 +256,101 @@ class Fp8State:
 
     # --- the exchange (the state's thread) --------------------------------------------------
     def _serve(self):
-        device = None
-        while True:
-            job = self._queue.get()
-            if job is None:
-                return
-            index, buf, tensors, iteration, event, future = job
-            if self._failed is not None:
-                future.set_exception(RuntimeError(f"caffe8.ddp: an earlier bucket's exchange "
-                                                  f"failed: {self._failed}"))
-                continue
-            try:
-                if buf.is_cuda:
-                    device = device or _Cuda(buf.device)
-                    with device.on(event):
-                        future.set_result(self._exchange(device, index, buf, tensors, iteration))
-                else:
-                    future.set_result(self._exchange(_HOST, index, buf, tensors, iteration))
-            except BaseException as exc:        # surfaces in DDP's backward on this rank
-                self._failed = f"{type(exc).__name__}: {exc}"
-                future.set_exception(exc)
+        """Buckets in DDP's order, each cut into pieces of at most ``chunk_bytes`` wire bytes.
+        A piece is encoded and its first gathers posted as soon as its bucket arrives; pieces
+        are finished (summed, broadcast back, decoded) oldest first, ``_AHEAD`` behind the
+        newest, and all of them whenever no bucket waits: so one piece's encode and transfers
+        overlap the others', and every communicator sees its collectives in the same order on
+        every rank (pieces start in order and finish in order)."""
+        device, pending = None, collections.deque()
+        with contextlib.ExitStack() as scope:
+            while True:
+                while pending and self._queue.empty():
+                    self._finish(pending, device)
+                job = self._queue.get()
+                if job is None:
+                    while pending:
+                        self._finish(pending, device)
+                    return
+                if self._failed is not None:
+                    job.fail(RuntimeError(f"caffe8.ddp: an earlier bucket's exchange failed: "
+                                          f"{self._failed}"))
+                    continue
+                try:
+                    if device is None:
+                        device = _Cuda(job.buf.device) if job.buf.is_cuda else _HOST
+                        scope.enter_context(device.on_thread())
+                    device.wait(job.event)
+                    for piece in self._start(device, job):
+                        pending.append(piece)
+                        while len(pending) > _AHEAD:
+                            self._finish(pending, device)
+                except BaseException as exc:    # surfaces in DDP's backward on this rank
+                    self._fail(exc, job, pending)
 
-    def _exchange(self, device, index, buf, tensors, iteration):
-        """The mean over the group of one bucket's gradients, decoded into ``buf``."""
-        grads = device.array(buf)
+    def _fail(self, exc, job, pending):
+        self._failed = f"{type(exc).__name__}: {exc}"
+        for j in {id(p.job): p.job for p in pending}.values():
+            j.fail(exc)
+        pending.clear()
+        job.fail(exc)
+
+    def _finish(self, pending, device):
+        piece = pending.popleft()
+        try:
+            piece.finish(self, device)
+        except BaseException as exc:
+            self._fail(exc, piece.job, pending)
+
+    def _start(self, device, job):
+        """Encode ``job``'s bucket piece by piece, posting each piece's first gathers; yields
+        the pieces (:class:`_Piece`) in order, each as soon as it is on its way."""
+        grads = device.array(job.buf)
+        plan = []
         for kind in ("fp8", "fp32"):
-            mine = [t for t in tensors if t[4] == kind]
+            mine = [t for t in job.tensors if t[4] == kind]
             if not mine:
                 continue
             codec = self.codecs[kind]
-            wire = self._wire(index, kind, sum(n for _, _, _, n, _ in mine), buf.device)
-            codes = device.array(wire)
-            trips, at = [], 0
+            wire = self._wire(job.index, kind, sum(n for _, _, _, n, _ in mine), job.buf.device)
+            spans, at = [], 0
             for key, p, start, n, _ in mine:
-                t = Tensor(key, device.array(p.detach()).reshape(-1), iteration, self.size,
-                           self.stages, codes[at:at + n])
-                trips.append((t, grads[start:start + n]))
+                spans.append((at, key, device.array(p.detach()).reshape(-1),
+                              grads[start:start + n]))
                 at += n
-            self._agree(codec, trips, buf.device)
-            contexts = [codec.encode(g, t)[1] for t, g in trips]
-            self._sum(device, wire, kind, codec, contexts[0])
-            for (t, g), ctx in zip(trips, contexts):
-                codec.decode(t.out, ctx, g)
-        return buf
+            self._agree(codec, [(Tensor(key, w, job.iteration, self.size, self.stages), g)
+                                for _, key, w, g in spans], job.buf.device)
+            plan.append((kind, codec, wire, spans, self._piece_length(wire)))
+        job.pieces = sum(-(-wire.numel() // step) for _, _, wire, _, step in plan)
+        for kind, codec, wire, spans, step in plan:
+            codes = device.array(wire)
+            for a in range(0, wire.numel(), step):
+                piece = _Piece(job, kind, codec, wire[a:a + step])
+                for at, key, w, g in spans:
+                    lo, hi = max(a, at), min(a + step, at + w.size)
+                    if lo < hi:
+                        t = Tensor(key, w[lo - at:hi - at], job.iteration, self.size,
+                                   self.stages, codes[lo:hi])
+                        out = g[lo - at:hi - at]
+                        piece.decodes.append((t.out, codec.encode(out, t)[1], out))
+                piece.scratch = self._scratch(0, piece.wire)
+                piece.gathers = self.levels[0].gather(piece.wire, piece.scratch)
+                yield piece
+
+    def _piece_length(self, wire):
+        """Wire elements per piece: ``chunk_bytes`` rounded down to whole items per process."""
+        unit = (ITEM_BYTES if wire.dtype == torch.uint8 else 1) * self.size
+        return max(unit, self.chunk_bytes // wire.element_size() // unit * unit)
+
+    def _scratch(self, depth, span):
+        """A receive buffer for the gathers of ``span`` at level ``depth`` (level 0: one per
+        piece in flight, returned by :meth:`_Piece.finish`; deeper levels: one at a time)."""
+        key = (depth, span.dtype, span.numel(), span.device)
+        free = self._buffers.setdefault(key, [])
+        return free.pop() if free else torch.empty_like(span)
+
+    def _give_back(self, depth, scratch):
+        self._buffers[(depth, scratch.dtype, scratch.numel(), scratch.device)].append(scratch)
 
     def _wire(self, index, kind, n, dev):
         """Bucket ``index``'s zero-padded wire buffer of ``kind``, kept from one iteration to the
@@ -307,39 +374,119 @@ class Fp8State:
         for (t, _), value in zip(due, values.tolist()):
             codec.agree(t, value)
 
-    def _sum(self, device, wire, kind, codec, ctx):
-        """Sum ``wire`` over the group in place, as caffe8's rsag (flat) or hierarchical sum."""
-        add = device.local_sum(kind, codec.rounding if kind == "fp8" else "nearest")
-        if self.intra is None:
-            _all_gather(wire, self._reduce_scatter(device, wire, self.group, add, "flat"),
-                        group=self.group)
-            return
-        piece = self._reduce_scatter(device, wire, self.intra, add, "intra")
-        if self.nodes > 1:
-            if codec.between_stages is not None:
-                device.between(codec, piece, ctx)
-            _all_gather(piece, self._reduce_scatter(device, piece, self.inter, add, "inter"),
-                        group=self.inter)
-        if self.local > 1:
-            _all_gather(wire, piece, group=self.intra)
 
-    def _reduce_scatter(self, device, buf, group, add, level):
-        """This rank's block of the sum of every rank's ``buf`` over ``group``: one all-to-all,
-        then the blocks added in ascending rank order. Returns the sum (in a scratch buffer),
-        or ``buf`` itself on a group of one."""
-        size = dist.get_world_size(group)
-        if size == 1:
-            return buf
-        recv = self._buffers.get((level, buf.dtype))
-        if recv is None or recv.numel() < buf.numel() or recv.device != buf.device:
-            recv = self._buffers[(level, buf.dtype)] = torch.empty_like(buf)
-        recv = recv[:buf.numel()]
-        dist.all_to_all_single(recv, buf, group=group)
-        return device.ordered_sum(recv.view(size, -1), add)
+#: pieces whose first gathers are posted while the oldest one is being finished
+_AHEAD = 2
+#: communicators made for one state, kept for the next of the same ranks: a process makes each
+#: once however many states it builds (tests, a model re-wrapped), as every process must
+_MADE = {}
+
+
+def _communicators(key, make):
+    """``make()`` the first time ``key`` is asked for in this process (and after the default
+    process group was replaced), the same object after."""
+    world = dist.group.WORLD
+    if key not in _MADE or _MADE[key][0] is not world:
+        _MADE[key] = (world, make())
+    return _MADE[key][1]
+
+
+class _Job:
+    """One bucket handed over by DDP: its buffer, tensors, future and unfinished pieces."""
+
+    def __init__(self, index, buf, tensors, iteration, event, future):
+        self.index, self.buf, self.tensors = index, buf, tensors
+        self.iteration, self.event, self.future = iteration, event, future
+        self.pieces = 0
+
+    def done_one(self):
+        self.pieces -= 1
+        if self.pieces == 0:
+            self.future.set_result(self.buf)
+
+    def fail(self, exc):
+        if not self.future.done():
+            self.future.set_exception(exc)
+
+
+class _Level:
+    """One level of the sum over ``lists`` (disjoint lists of global ranks, together every
+    rank; this process is in one of them, at ``index``): a gather communicator and a broadcast
+    communicator per root, so that the transfers to and from different roots run at once, each
+    on connections of its own (gloo's all-to-all moves about half a link's rate in both
+    directions where one gather per root moves the whole, docs/PYTORCH.md)."""
+
+    def __init__(self, lists, rank, backend):
+        mine = next(ranks for ranks in lists if rank in ranks)
+        self.ranks, self.index, self.count = mine, mine.index(rank), len(mine)
+        self.gathers = [dist.new_subgroups_by_enumeration(lists, backend=backend)[0]
+                        for _ in mine]
+        self.broadcasts = [dist.new_subgroups_by_enumeration(lists, backend=backend)[0]
+                           for _ in mine]
+
+    def rows(self, span):
+        return span.view(self.count, -1)
+
+    def gather(self, span, scratch):
+        """Post the gathers of ``span``'s blocks: block j of every process to process j of
+        the level, into ``scratch`` (rows in rank order) on process j. Returns the works."""
+        rows = list(self.rows(scratch))
+        return [dist.gather(block, rows if j == self.index else None, dst=self.ranks[j],
+                            group=self.gathers[j], async_op=True)
+                for j, block in enumerate(self.rows(span))]
+
+    def broadcast(self, span):
+        """Post block j of ``span`` from process j to the level's others, for every j."""
+        return [dist.broadcast(block, src=self.ranks[j], group=self.broadcasts[j],
+                               async_op=True)
+                for j, block in enumerate(self.rows(span))]
+
+
+class _Piece:
+    """A span of one bucket's wire buffer on its way: encoded, gathered level by level, summed
+    in ascending rank order, broadcast back and decoded into the bucket."""
+
+    def __init__(self, job, kind, codec, wire):
+        self.job, self.kind, self.codec, self.wire = job, kind, codec, wire
+        self.decodes = []             # (wire span, codec context, gradient span)
+        self.scratch = None           # the first level's receive buffer…
+        self.gathers = None           # …and its works, posted at the start
+
+    def finish(self, state, device):
+        add = device.local_sum(self.kind, self.codec.rounding if self.kind == "fp8"
+                               else "nearest")
+        spans, span, works, scratch = [], self.wire, self.gathers, self.scratch
+        for depth, level in enumerate(state.levels):
+            if depth:
+                scratch = state._scratch(depth, span)
+                works = level.gather(span, scratch)
+            for work in works:
+                work.wait()
+            mine = level.rows(span)[level.index]
+            mine.copy_(device.ordered_sum(level.rows(scratch), add))
+            state._give_back(depth, scratch)
+            if depth == 0 and len(state.levels) == 2 and self.codec.between_stages is not None:
+                device.between(self.codec, mine, self.decodes[0][1])
+            spans.append((level, span))
+            span = mine
+        for level, span in reversed(spans):
+            for work in level.broadcast(span):
+                work.wait()
+        for codes, ctx, out in self.decodes:
+            self.codec.decode(codes, ctx, out)
+        self.job.done_one()
 
 
 class _Host:
     """CPU tensors as NumPy views (no copies), summed by caffe8's C kernels."""
+
+    @staticmethod
+    def on_thread():
+        return contextlib.nullcontext()
+
+    @staticmethod
+    def wait(event):
+        pass
 
     @staticmethod
     def array(t):
@@ -375,13 +522,16 @@ class _Cuda:
         self.stream = torch.cuda.Stream(dev)
 
     @contextlib.contextmanager
-    def on(self, event):
-        """Torch and CuPy on the hook's stream of this device, after ``event``."""
+    def on_thread(self):
+        """Torch and CuPy on the hook's stream of this device (for the thread's life)."""
         with torch.cuda.device(self.dev), torch.cuda.stream(self.stream), \
                 self.cupy.cuda.Device(self.dev.index), \
                 self.cupy.cuda.ExternalStream(self.stream.cuda_stream):
-            self.stream.wait_event(event)
             yield
+
+    def wait(self, event):
+        """The hook's stream waits for ``event`` (a bucket's gradients ready)."""
+        self.stream.wait_event(event)
 
     def array(self, t):
         return self.cupy.from_dlpack(t)

@@ -7,8 +7,9 @@ the same weights and per-rank gradients (the model's loss is sum(w * g), so its 
 bit for bit) the gradients DDP ends with after ``fp8_hook`` must be the bytes of caffe8's
 ``Exchange`` on a net of the same tensors. Cases:
 
-flat       fp8 over all ranks (caffe8's rsag), 3 iterations, a new scale every 2
-twolevel   nodes of P/2 ranks (caffe8's hierarchical sum with processes_per_node)
+flat       fp8 over all ranks (caffe8's rsag), 3 iterations, a new scale every 2; buckets in
+           one piece and in pieces of 512 bytes (tensors cut across pieces, many in flight)
+twolevel   nodes of P/2 ranks (caffe8's hierarchical sum with processes_per_node), both ways
 nosync     two backward passes under no_sync, then one synchronised: the accumulated sum
 exclude    named and small tensors in float32 (caffe8's fp32 codec), the rest in fp8
 train      a DDP training run (static_graph) whose ranks end with bit-identical weights
@@ -52,6 +53,8 @@ dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank
 
 # sizes above the 1024 samples (sampled quantile), odd ones (padding), and small ones
 SIZES = ((48, 47), (37,), (70, 80), (3,), (5, 9))
+#: Fp8State.chunk_bytes: the default (every bucket of these tensors in one piece) and small
+CHUNKS = (4 << 20, 512)
 
 
 def tensors(step, scale=1.0, of=None):
@@ -101,6 +104,9 @@ def caffe8_mean(comm_text, weights, grads_per_step):
         ex.on_gradients_ready()
         out.append(net.flat_diff.copy())
     ex.close()
+    # MPI collectives can return on one rank before the others have their data: a rank that
+    # went on into gloo calls would leave MPICH's progress to the others (tens of seconds)
+    world.comm.Barrier()
     return out
 
 
@@ -128,9 +134,11 @@ def case_flat():
     weights = tensors(0)[0]
     steps = [tensors(s)[1] for s in range(3)]
     ref = caffe8_mean('codec: "fp8" hierarchical: false quantile_interval: 2', weights, steps)
-    model = ddp_model(weights)
-    got = hook_mean(model, ddp.Fp8State(module=model, quantile_interval=2), steps)
-    same(got, ref, "flat")
+    for chunk in CHUNKS:
+        model = ddp_model(weights)
+        got = hook_mean(model, ddp.Fp8State(module=model, quantile_interval=2, chunk_bytes=chunk),
+                        steps)
+        same(got, ref, f"flat, pieces of {chunk} bytes")
     # lossy, but the mean: most elements near the float32 mean (fp8 keeps 2 mantissa bits;
     # ratios far above the quantile saturate)
     exact = numpy.mean([numpy.concatenate([g.ravel() for g in tensors(0, of=r)[1]])
@@ -147,10 +155,11 @@ def case_twolevel():
     ref = caffe8_mean(f'codec: "fp8" hierarchical: true processes_per_node: {ppn} '
                       f'quantile_interval: 2', weights, steps)
     flat = caffe8_mean('codec: "fp8" hierarchical: false quantile_interval: 2', weights, steps)
-    model = ddp_model(weights)
-    got = hook_mean(model, ddp.Fp8State(module=model, quantile_interval=2,
-                                        processes_per_node=ppn), steps)
-    same(got, ref, f"two-level, {ppn} per node")
+    for chunk in CHUNKS:
+        model = ddp_model(weights)
+        got = hook_mean(model, ddp.Fp8State(module=model, quantile_interval=2,
+                                            processes_per_node=ppn, chunk_bytes=chunk), steps)
+        same(got, ref, f"two-level, {ppn} per node, pieces of {chunk} bytes")
     if ppn > 1:      # the ×1/nodes between the levels rounds: not the flat sum's bits
         assert any(not numpy.array_equal(a, b) for a, b in zip(ref, flat))
 
@@ -177,7 +186,7 @@ def case_exclude():
     fp8 = caffe8_mean('codec: "fp8" hierarchical: false', weights, steps)
     fp32 = caffe8_mean('codec: "fp32" hierarchical: false', weights, steps)
     model = ddp_model(weights)
-    state = ddp.Fp8State(module=model, exclude=["module.t2"], min_elements=40)
+    state = ddp.Fp8State(module=model, exclude=["module.t2"], min_elements=40, chunk_bytes=256)
     got = hook_mean(model, state, steps)
     bounds = numpy.cumsum([0] + [int(numpy.prod(s)) for s in SIZES])
     as_float = [i == 2 or numpy.prod(s) < 40 for i, s in enumerate(SIZES)]

@@ -92,6 +92,7 @@ def test_state_errors_name_the_argument(one_process):
             ({"rounding": "up"}, r"Fp8State\.rounding: .*'nearest', 'truncate', 'oyama'"),
             ({"processes_per_node": 2}, r"processes_per_node=2 does not divide the group's 1"),
             ({"min_elements": -1}, r"min_elements must be an integer >= 0"),
+            ({"chunk_bytes": 0}, r"chunk_bytes must be an integer >= 1, got 0"),
             ({"exclude": ["weight"]}, r"naming parameters needs module="),
             ({"exclude": ["fc.weight"], "module": model},
              r"the model has no parameter 'fc.weight'; it has weight, bias")):
