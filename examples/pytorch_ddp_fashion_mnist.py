@@ -66,6 +66,73 @@ def lenet():
     return net
 
 
+def resnet():
+    """The small bottleneck ResNet of prototxt/fashion_mnist/paper/resnet_b16.prototxt (He,
+    Zhang, Ren and Sun's layout as in KaimingHe's ResNet-50 prototxt; docs/ACCURACY.md): a 3×3
+    stem of 16 channels, three bottleneck blocks with 1×1 projection shortcuts at 28×28, 14×14
+    and 7×7 (1×1 → 3×3 → 1×1 branches, the stride on the first 1×1), BatchNorm with a learned
+    scale and shift after each of the 13 convolutions (no convolution bias; running statistics
+    averaged by 0.99 a step, the prototxt's moving_average_fraction), global average pooling and
+    one linear layer: 20,506 learned values. Weights as Caffe's "msra" filler (normal, variance
+    2 / fan_in), zero biases."""
+    nn = torch.nn
+
+    def conv(cin, cout, k, stride=1, relu=True):
+        layers = [nn.Conv2d(cin, cout, k, stride, padding=k // 2, bias=False),
+                  nn.BatchNorm2d(cout, momentum=0.01)]
+        return layers + [nn.ReLU()] if relu else layers
+
+    class Bottleneck(nn.Module):
+        def __init__(self, cin, mid, cout, stride):
+            super().__init__()
+            self.branch1 = nn.Sequential(*conv(cin, cout, 1, stride, relu=False))
+            self.branch2 = nn.Sequential(*conv(cin, mid, 1, stride), *conv(mid, mid, 3),
+                                         *conv(mid, cout, 1, relu=False))
+
+        def forward(self, x):
+            return torch.relu(self.branch1(x) + self.branch2(x))
+
+    net = nn.Sequential(*conv(1, 16, 3), Bottleneck(16, 8, 16, 1), Bottleneck(16, 16, 32, 2),
+                        Bottleneck(32, 32, 64, 2), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
+                        nn.Linear(64, 10))
+    for m in net.modules():
+        if isinstance(m, (nn.Conv2d, nn.Linear)):
+            nn.init.kaiming_normal_(m.weight, mode="fan_in", nonlinearity="relu")
+            if m.bias is not None:
+                nn.init.zeros_(m.bias)
+    return net
+
+
+def lenet_recipe(model, iterations):
+    """BVLC's examples/mnist solver: lr 0.01 (biases 0.02), momentum 0.9, weight decay 5e-4
+    (biases too, as Caffe's decay_mult 1), Caffe's "inv" policy."""
+    decay, biases = [], []
+    for name, p in model.named_parameters():
+        (biases if name.endswith("bias") else decay).append(p)
+    opt = torch.optim.SGD([{"params": decay}, {"params": biases, "lr": 0.02}], lr=0.01,
+                          momentum=0.9, weight_decay=5e-4)
+    return opt, torch.optim.lr_scheduler.LambdaLR(opt, caffe_inv())
+
+
+def resnet_recipe(model, iterations):
+    """prototxt/fashion_mnist/paper/resnet_solver_4p.prototxt: lr 0.1, momentum 0.9, weight
+    decay 1e-4 on the convolution and linear weights only (decay_mult 0 on BatchNorm's scale and
+    shift and on the linear bias, which learns at twice the rate), decayed linearly to zero over
+    the run (Caffe's "poly", power 1)."""
+    bias = model.module[-1].bias                      # the linear layer's
+    weights = [p for p in model.parameters() if p.dim() > 1]
+    flat = [p for p in model.parameters() if p.dim() == 1 and p is not bias]
+    opt = torch.optim.SGD([{"params": weights}, {"params": flat, "weight_decay": 0.0},
+                           {"params": [bias], "lr": 0.2, "weight_decay": 0.0}],
+                          lr=0.1, momentum=0.9, weight_decay=1e-4)
+    return opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda it: 1.0 - it / iterations)
+
+
+#: --net: (model, optimizer and schedule, iterations, test interval) — the prototxt recipes
+NETS = {"lenet": (lenet, lenet_recipe, 10000, 500),
+        "resnet": (resnet, resnet_recipe, 1000, 250)}
+
+
 def read_fashion_mnist(folder, split):
     """(images as float32 N×1×28×28 scaled by 1/256, labels as int64) of an IDX pair in
     ``folder`` (gzipped or not), read by caffe8's convert_mnist_data reader."""
@@ -162,10 +229,14 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--data", default=DATA, help=f"folder of the IDX files (default {DATA})")
     ap.add_argument("--hook", default="fp8", choices=HOOKS)
-    ap.add_argument("--iterations", type=int, default=10000)
+    ap.add_argument("--net", default="lenet", choices=tuple(NETS),
+                    help="lenet: BVLC's LeNet recipe; resnet: docs/ACCURACY.md's small ResNet")
+    ap.add_argument("--iterations", type=int, default=None,
+                    help="steps of 64 images in all (default: the net's recipe, 10000 / 1000)")
     ap.add_argument("--batch", type=int, default=None,
                     help="images per process and step (default 64 / processes)")
-    ap.add_argument("--test-interval", type=int, default=500)
+    ap.add_argument("--test-interval", type=int, default=None,
+                    help="steps between tests (default: the net's recipe, 500 / 250)")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--processes-per-node", type=int, default=None,
                     help="fp8: sum in two levels, nodes of this many consecutive ranks")
@@ -177,6 +248,9 @@ def main(argv=None):
     ap.add_argument("--port", type=int, default=29531, help="with --master: its port")
     ap.add_argument("--csv", default=None, help="write the test curve here (rank 0)")
     args = ap.parse_args(argv)
+    build, recipe, iterations, interval = NETS[args.net]
+    args.iterations = iterations if args.iterations is None else args.iterations
+    args.test_interval = interval if args.test_interval is None else args.test_interval
 
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     x, y = read_fashion_mnist(args.data, "train")
@@ -188,15 +262,10 @@ def main(argv=None):
     rank, size = dist.get_rank(), dist.get_world_size()
     batch = args.batch or max(1, 64 // size)
     torch.manual_seed(args.seed)                     # the same initial weights on every rank
-    model = DDP(lenet())
+    model = DDP(build())
     register_hook(model, args.hook, args.processes_per_node, args.powersgd_rank,
                   args.powersgd_start)
-    decay, biases = [], []
-    for name, p in model.named_parameters():
-        (biases if name.endswith("bias") else decay).append(p)
-    opt = torch.optim.SGD([{"params": decay}, {"params": biases, "lr": 0.02}], lr=0.01,
-                          momentum=0.9, weight_decay=5e-4)
-    schedule = torch.optim.lr_scheduler.LambdaLR(opt, caffe_inv())
+    opt, schedule = recipe(model, args.iterations)
     order, epoch, at = None, 0, 0
     rows, start, loss = [], time.perf_counter(), float("nan")
     for it in range(args.iterations + 1):
@@ -219,7 +288,7 @@ def main(argv=None):
         schedule.step()
         loss = out.item()
     if rank == 0:
-        print(f"final test accuracy {rows[-1][1]:.4f} ({args.hook}, {size} processes, "
+        print(f"final test accuracy {rows[-1][1]:.4f} ({args.net}, {args.hook}, {size} processes, "
               f"{args.iterations} iterations, {rows[-1][3]:.1f} s)", flush=True)
         if args.csv:
             with open(args.csv, "w", newline="") as f:

@@ -20,20 +20,66 @@ def _run(argv, timeout=300):
                           env=dict(os.environ, PYTHONPATH=REPO, OMP_NUM_THREADS="1"))
 
 
-@pytest.mark.mpi
-def test_torchrun_trains_lenet_with_the_fp8_hook(tmp_path):
+def _torchrun_two(tmp_path, net, interval, *extra):
+    """The example under torchrun, 2 processes, 40 iterations on small IDX files: its test
+    curve's rows, after checking its closing line."""
     pytest.importorskip("torch")
     data = write_idx_slices(str(tmp_path / "fm"))
     out = tmp_path / "curve.csv"
     r = _run([sys.executable, "-m", "torch.distributed.run", "--standalone",
-              "--nproc-per-node", "2", EXAMPLE, "--data", data, "--iterations", "40",
-              "--test-interval", "20", "--processes-per-node", "1", "--csv", str(out)])
+              "--nproc-per-node", "2", EXAMPLE, "--net", net, "--data", data, "--iterations",
+              "40", "--test-interval", str(interval), "--csv", str(out)] + list(extra))
     assert r.returncode == 0, r.stdout[-3000:]
-    assert "final test accuracy" in r.stdout and "(fp8, 2 processes, 40 iterations" in r.stdout
+    assert "final test accuracy" in r.stdout
+    assert f"({net}, fp8, 2 processes, 40 iterations" in r.stdout
     rows = list(csv.DictReader(open(out)))
-    assert [int(row["iteration"]) for row in rows] == [0, 20, 40]
+    assert [int(row["iteration"]) for row in rows] == list(range(0, 41, interval))
+    return rows
+
+
+@pytest.mark.mpi
+def test_torchrun_trains_lenet_with_the_fp8_hook(tmp_path):
+    rows = _torchrun_two(tmp_path, "lenet", 20, "--processes-per-node", "1")
     # 10 equally likely classes: chance is 0.1; the blocks are learnt within 40 steps
     assert float(rows[0]["accuracy"]) < 0.3 < 0.8 < float(rows[-1]["accuracy"]), rows
+
+
+def _example():
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("pytorch_ddp_fashion_mnist", EXAMPLE)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_resnet_has_the_learned_tensors_of_the_prototxt():
+    """The example's ResNet against prototxt/fashion_mnist/paper/resnet_b16.prototxt as caffe8
+    builds it: the same learned tensors in the same order (convolution and linear weights,
+    BatchNorm's scale and shift as Caffe's Scale layer, the linear bias)."""
+    torch = pytest.importorskip("torch")
+    from caffe8.engine.net import Net
+    from caffe8.engine.prototxt import parse_file, parse_text, to_text
+    param = parse_file(os.path.join(REPO, "prototxt", "fashion_mnist", "paper",
+                                    "resnet_b16.prototxt"))
+    layers = "".join(f"layer {{\n{to_text(layer, 1)}}}\n" for layer in param.layer
+                     if layer.type != "Data")
+    net = Net(parse_text('layer { name: "data" type: "Input" top: "data" top: "label" '
+                         'input_param { shape { dim: 16 dim: 1 dim: 28 dim: 28 } '
+                         'shape { dim: 16 } } }\n' + layers), "TRAIN")
+    learned = [tuple(blob.shape) for layer in net.layers if layer.type != "BatchNorm"
+               for blob in layer.blobs]
+    model = _example().resnet()
+    ours = [tuple(p.shape) for p in model.parameters()]
+    # Caffe's Scale holds (C,) scale and shift where PyTorch's BatchNorm2d holds weight and bias
+    assert ours == learned
+    assert sum(p.numel() for p in model.parameters()) == 20506
+    assert model(torch.zeros(2, 1, 28, 28)).shape == (2, 10)
+
+
+@pytest.mark.mpi
+def test_torchrun_trains_the_resnet_with_the_fp8_hook(tmp_path):
+    rows = _torchrun_two(tmp_path, "resnet", 40)
+    assert float(rows[0]["accuracy"]) < 0.3 < 0.6 < float(rows[-1]["accuracy"]), rows
 
 
 def test_missing_data_is_one_line(tmp_path):
