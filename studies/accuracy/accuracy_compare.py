@@ -351,23 +351,27 @@ def summarise_seeds(rows):
     return out
 
 
-def plot_seeds(rows, path, title=""):
-    """Mean test accuracy vs iteration per variant over the seeds, with the min-max band."""
+def plot_seeds(rows, path, title="", x="iteration"):
+    """Mean test accuracy per variant over the seeds, with the min-max band, against the
+    iteration or (``x="seconds"``) the mean wall time at which the seeds reached it."""
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for variant in dict.fromkeys(r["variant"] for r in rows):
-        by_iter = {}
+        by_iter, at = {}, {}
         for r in rows:
             if r["variant"] == variant:
                 by_iter.setdefault(r["iteration"], []).append(100.0 * r["test_accuracy"])
+                at.setdefault(r["iteration"], []).append(r[x])
         its = sorted(by_iter)
         mean = [sum(by_iter[i]) / len(by_iter[i]) for i in its]
-        line, = ax.plot(its, mean, label=f"{variant} (final {mean[-1]:.2f}%)")
-        ax.fill_between(its, [min(by_iter[i]) for i in its], [max(by_iter[i]) for i in its],
+        xs = [sum(at[i]) / len(at[i]) for i in its]
+        line, = ax.plot(xs, mean, label=f"{variant} (final {mean[-1]:.2f}%)")
+        ax.fill_between(xs, [min(by_iter[i]) for i in its], [max(by_iter[i]) for i in its],
                         color=line.get_color(), alpha=0.15)
     later = [100.0 * r["test_accuracy"] for r in rows if r["iteration"] > 0]
     ax.set_ylim(max(0.0, min(later) - 2.0) if later else 0.0, 100.5)
-    label_axes(ax, xlabel="iteration", ylabel="test accuracy (%), mean over seeds", legend_size=8)
+    label_axes(ax, xlabel="wall time (s), mean over seeds" if x == "seconds" else x,
+               ylabel="test accuracy (%), mean over seeds", legend_size=8)
     if title:
         ax.set_title(title, fontsize=9)
     save_figure(fig, path)

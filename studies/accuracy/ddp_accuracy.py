@@ -1,19 +1,24 @@
 #!/usr/bin/env python
-"""PyTorch LeNet on Fashion-MNIST through DDP: float32, PyTorch's fp16 hook, PowerSGD and caffe8's
-fp8 hook, over random seeds (docs/PYTORCH.md).
+"""PyTorch LeNet or small ResNet on Fashion-MNIST through DDP: float32, PyTorch's fp16 hook,
+PowerSGD and caffe8's fp8 hook, over random seeds (docs/PYTORCH.md).
 
-    python -m studies.accuracy.ddp_accuracy --procs 4 --processes-per-node 2 --seeds 1,2,3 \\
-        --variants fp32,fp16,powersgd,fp8 --out runs/ddp_accuracy
+    python -m studies.accuracy.ddp_accuracy --net lenet --procs 4 --processes-per-node 2 \\
+        --seeds 1,2,3 --variants fp32,fp16,powersgd,fp8 --rate 1gbit --out runs/ddp_accuracy
 
-Each (variant, seed) is one run of examples/pytorch_ddp_fashion_mnist.py (BVLC's LeNet recipe,
-10,000 iterations of 64 images in all, a test of the 10,000 test images every 500) under
-torchrun on this machine, ``--procs`` processes of one intra-op thread; ``--processes-per-node``
-makes the fp8 hook sum in two levels (caffe8's ACCURACY runs: 4 processes as 2 nodes of 2).
+Each (variant, seed) is one run of examples/pytorch_ddp_fashion_mnist.py (``--net lenet``: BVLC's
+LeNet recipe, 10,000 iterations of 64 images in all, a test of the 10,000 test images every 500;
+``--net resnet``: docs/ACCURACY.md's small ResNet, 1,000 iterations, a test every 250),
+``--procs`` processes of one intra-op thread: under torchrun on this machine, or with ``--rate``
+on the emulated cluster (``caffe8 cluster run``, as root: nodes of ``--processes-per-node``
+processes joined by links of that rate), where the curves' seconds are accuracy against wall
+time on that link. ``--processes-per-node`` also makes the fp8 hook sum in two levels (caffe8's
+ACCURACY runs: 4 processes as 2 nodes of 2).
 Variants are the example's ``--hook`` values (fp32 is DDP's own all-reduce; powersgd of rank
 ``--powersgd-rank``). Writes in ``--out``: each run's curve ``<variant>_seed<s>.csv`` and log,
 ``seeds.csv`` (every test point of every run), ``summary.csv`` (final accuracy per variant:
-mean, min, max, sd over the seeds, the gap to the first variant in points) and ``curves.png``
-(mean curve and min-max band per variant). ``--resume`` keeps the runs whose curve exists.
+mean, min, max, sd over the seeds, the gap to the first variant in points), ``curves.png``
+(mean curve and min-max band per variant) and ``curves_time.png`` (the same against wall time).
+``--resume`` keeps the runs whose curve exists.
 """
 import argparse
 import csv
@@ -34,11 +39,23 @@ def run_one(args, variant, seed):
     curve = os.path.join(args.out, f"{variant}_seed{seed}.csv")
     if args.resume and os.path.exists(curve):
         return curve
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-           "--nproc-per-node", str(args.procs), EXAMPLE, "--data", args.data, "--hook", variant,
-           "--seed", str(seed), "--iterations", str(args.iterations),
-           "--test-interval", str(args.test_interval), "--powersgd-rank",
-           str(args.powersgd_rank), "--csv", curve + ".tmp"]
+    example = [EXAMPLE, "--net", args.net, "--data", args.data, "--hook", variant,
+               "--seed", str(seed), "--powersgd-rank", str(args.powersgd_rank),
+               "--csv", curve + ".tmp"]
+    for flag, value in (("--iterations", args.iterations),
+                        ("--test-interval", args.test_interval)):
+        if value is not None:
+            example += [flag, str(value)]
+    if args.rate:
+        from caffe8.cluster import DEFAULT_SUBNET
+        ppn = args.processes_per_node or 1
+        cmd = [sys.executable, "-m", "caffe8", "cluster", "run", "--nodes",
+               str(args.procs // ppn), "--ppn", str(ppn), "--rate", args.rate, "--timeout",
+               str(args.timeout), "--", sys.executable] + example + \
+            ["--master", f"{DEFAULT_SUBNET}.1"]
+    else:
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+               "--nproc-per-node", str(args.procs)] + example
     if variant == "fp8" and args.processes_per_node:
         cmd += ["--processes-per-node", str(args.processes_per_node)]
     log = os.path.join(args.out, f"{variant}_seed{seed}.log")
@@ -67,8 +84,11 @@ def main(argv=None):
                     help="fp8: nodes of this many processes (0: one level)")
     ap.add_argument("--seeds", default="1,2,3")
     ap.add_argument("--variants", default="fp32,fp16,powersgd,fp8")
-    ap.add_argument("--iterations", type=int, default=10000)
-    ap.add_argument("--test-interval", type=int, default=500)
+    ap.add_argument("--net", default="lenet", choices=("lenet", "resnet"))
+    ap.add_argument("--iterations", type=int, default=None, help="default: the net's recipe")
+    ap.add_argument("--test-interval", type=int, default=None, help="default: the net's recipe")
+    ap.add_argument("--rate", default=None,
+                    help="run on the emulated cluster with links of this rate (e.g. 1gbit)")
     ap.add_argument("--powersgd-rank", type=int, default=4)
     ap.add_argument("--out", default=os.path.join(REPO, "runs", "ddp_accuracy"))
     ap.add_argument("--resume", action="store_true")
@@ -78,6 +98,9 @@ def main(argv=None):
     bad = [v for v in variants if v not in VARIANTS]
     if bad:
         ap.error(f"--variants: unknown {', '.join(bad)}; valid: {', '.join(VARIANTS)}")
+    if args.rate and args.procs % (args.processes_per_node or 1):
+        ap.error(f"--procs {args.procs} is not a whole number of nodes of "
+                 f"--processes-per-node {args.processes_per_node}")
     seeds = [int(s) for s in args.seeds.split(",")]
     os.makedirs(args.out, exist_ok=True)
     rows = []
@@ -90,8 +113,10 @@ def main(argv=None):
     write_rows(rows, SEED_FIELDS, os.path.join(args.out, "seeds.csv"))
     summary = summarise_seeds(rows)
     write_rows(summary, SUMMARY_FIELDS, os.path.join(args.out, "summary.csv"))
-    plot_seeds(rows, os.path.join(args.out, "curves.png"),
-               title=f"PyTorch LeNet, Fashion-MNIST, {args.procs} processes")
+    title = f"PyTorch {args.net}, Fashion-MNIST, {args.procs} processes" + \
+        (f", {args.rate} links" if args.rate else "")
+    plot_seeds(rows, os.path.join(args.out, "curves.png"), title=title)
+    plot_seeds(rows, os.path.join(args.out, "curves_time.png"), title=title, x="seconds")
     for s in summary:
         print(f"{s['variant']:9s} {s['mean_accuracy']:.2f} % (min {s['min_accuracy']:.2f}, max "
               f"{s['max_accuracy']:.2f}, sd {s['std_accuracy']:.2f}; "

@@ -34,5 +34,6 @@ def test_two_variants_two_seeds_summarised(tmp_path):
         assert float(summary[v]["mean_accuracy"]) == pytest.approx(mean, abs=1e-3)
         assert mean > 50                            # the blocks are learnt (chance: 10 %)
     assert (out / "curves.png").read_bytes()[:8] == PNG_MAGIC
+    assert (out / "curves_time.png").read_bytes()[:8] == PNG_MAGIC
     with pytest.raises(SystemExit):
         ddp_accuracy.main(["--variants", "fp4", "--out", str(out)])
