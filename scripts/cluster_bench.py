@@ -34,6 +34,8 @@ intra-op thread per process as torchrun sets it, with the exchange ``ddp-<hook>`
                     iteration 2 (PyTorch's minimum with warm start): keep ``--skip`` >= 2
 ``ddp-fp8``         caffe8.ddp.fp8_hook summing over all ranks at once
 ``ddp-fp8h``        caffe8.ddp.fp8_hook in two levels, nodes of the layout's P processes
+``ddp-none``        no exchange at all (PyTorch's debugging noop_hook): DDP's compute floor,
+                    which no exchange can beat
 
 (the hooks are registered by examples/pytorch_ddp_fashion_mnist.py's ``register_hook``, the
 one place that knows them). Both sides do the same work: the DDP model is built from the same
@@ -150,12 +152,15 @@ def emulated_module(torch, groups):
 DDP_HOOKS = {"fp32": ("fp32", {}), "fp16": ("fp16", {}), "bf16": ("bf16", {}),
              "powersgd1": ("powersgd", {"powersgd_rank": 1}),
              "powersgd4": ("powersgd", {"powersgd_rank": 4}),
-             "fp8": ("fp8", {}), "fp8h": ("fp8", {"two_level": True})}
+             "fp8": ("fp8", {}), "fp8h": ("fp8", {"two_level": True}), "none": (None, {})}
 
 
 def register_ddp_hook(model, variant, ppn):
     """Put ``ddp-<variant>``'s exchange on the DDP ``model`` (examples' register_hook)."""
     hook, extra = DDP_HOOKS[variant]
+    if hook is None:                         # headroom: the gradients stay each rank's own
+        from torch.distributed.algorithms.ddp_comm_hooks.debugging_hooks import noop_hook
+        return model.register_comm_hook(None, noop_hook)
     extra = dict(extra)
     ppn = ppn if extra.pop("two_level", False) else None
     return _example().register_hook(model, hook, processes_per_node=ppn, **extra)
