@@ -281,7 +281,7 @@ class Fp8State:
                         device = _Cuda(job.buf.device) if job.buf.is_cuda else _HOST
                         scope.enter_context(device.on_thread())
                     device.wait(job.event)
-                    for piece in self._start(device, job):
+                    for piece in self._start(device, job, pending):
                         pending.append(piece)
                         while len(pending) > _AHEAD:
                             self._finish(pending, device)
@@ -295,6 +295,10 @@ class Fp8State:
         pending.clear()
         job.fail(exc)
 
+    def _drain(self, pending, device):
+        while pending:
+            self._finish(pending, device)
+
     def _finish(self, pending, device):
         piece = pending.popleft()
         try:
@@ -302,9 +306,12 @@ class Fp8State:
         except BaseException as exc:
             self._fail(exc, piece.job, pending)
 
-    def _start(self, device, job):
+    def _start(self, device, job, pending):
         """Encode ``job``'s bucket piece by piece, posting each piece's first gathers; yields
-        the pieces (:class:`_Piece`) in order, each as soon as it is on its way."""
+        the pieces (:class:`_Piece`) in order, each as soon as it is on its way. The scale's
+        agreement blocks on one all-reduce: the ``pending`` pieces are finished first, or a
+        rank waiting in it and another waiting for this one's later transfers of a pending
+        piece would wait for each other forever."""
         grads = device.array(job.buf)
         plan = []
         for kind in ("fp8", "fp32"):
@@ -319,7 +326,8 @@ class Fp8State:
                               grads[start:start + n]))
                 at += n
             self._agree(codec, [(Tensor(key, w, job.iteration, self.size, self.stages), g)
-                                for _, key, w, g in spans], job.buf.device)
+                                for _, key, w, g in spans], job.buf.device,
+                        lambda: self._drain(pending, device))
             plan.append((kind, codec, wire, spans, self._piece_length(wire)))
         job.pieces = sum(-(-wire.numel() // step) for _, _, wire, _, step in plan)
         for kind, codec, wire, spans, step in plan:
@@ -362,13 +370,14 @@ class Fp8State:
             wire = self._buffers[(index, kind)] = torch.zeros(length, dtype=dtype, device=dev)
         return wire
 
-    def _agree(self, codec, trips, dev):
+    def _agree(self, codec, trips, dev, drain):
         """The codec's statistic of the tensors due for a new scale, MAX over the group in one
-        all-reduce (caffe8 agrees per tensor: the same maxima)."""
+        all-reduce (caffe8 agrees per tensor: the same maxima), after ``drain()``."""
         due = [(t, codec.device_stat(g, t)) for t, g in trips]
         due = [(t, codec.host_stat(stat)) for t, stat in due if stat is not None]
         if not due:
             return
+        drain()
         values = torch.tensor([v for _, v in due], dtype=torch.float64, device=dev)
         dist.all_reduce(values, op=dist.ReduceOp.MAX, group=self.group)
         for (t, _), value in zip(due, values.tolist()):

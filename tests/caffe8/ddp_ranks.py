@@ -13,6 +13,9 @@ twolevel   nodes of P/2 ranks (caffe8's hierarchical sum with processes_per_node
 nosync     two backward passes under no_sync, then one synchronised: the accumulated sum
 exclude    named and small tensors in float32 (caffe8's fp32 codec), the rest in fp8
 train      a DDP training run (static_graph) whose ranks end with bit-identical weights
+slowrank   rank 0's backward sleeps between buckets, a new scale every iteration: the fast rank
+           meets the scale's all-reduce while the slow one finishes pieces (they must not wait
+           for each other)
 
 Prints ``CASE: OK`` on rank 0 per case; any failed check aborts the job (non-zero exit).
 """
@@ -221,8 +224,40 @@ def case_train():
     assert losses[-1] < losses[0], losses
 
 
+def case_slowrank():
+    import time
+
+    class Slow(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x.view_as(x)
+
+        @staticmethod
+        def backward(ctx, g):
+            if rank == 0:
+                time.sleep(0.05)
+            return g
+
+    class Sleepy(torch.nn.Module):
+        def forward(self, x):
+            return Slow.apply(x)
+
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(*[m for _ in range(4) for m in (torch.nn.Linear(40, 40), Sleepy())])
+    model = DDP(net, bucket_cap_mb=0.005)
+    model.register_comm_hook(ddp.Fp8State(quantile_interval=1, chunk_bytes=512), ddp.fp8_hook)
+    x = torch.randn(8, 40, generator=torch.Generator().manual_seed(rank))
+    for _ in range(4):
+        model.zero_grad()
+        model(x).square().sum().backward()
+    digest = hashlib.sha256(b"".join(p.grad.numpy().tobytes() for p in net.parameters()))
+    digests = world.comm.allgather(digest.hexdigest())
+    sums = world.comm.allgather([float(p.grad.double().abs().sum()) for p in net.parameters()])
+    assert len(set(digests)) == 1, sums
+
+
 CASES = {"flat": case_flat, "twolevel": case_twolevel, "nosync": case_nosync,
-         "exclude": case_exclude, "train": case_train}
+         "exclude": case_exclude, "train": case_train, "slowrank": case_slowrank}
 
 for name in sys.argv[1].split(","):
     CASES[name]()

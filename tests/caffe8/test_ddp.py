@@ -54,8 +54,9 @@ def _ranks(n, cases):
 
 @pytest.mark.mpi
 def test_hook_equals_caffe8s_exchange_on_2_ranks():
-    """flat, two nodes of one rank (the folded scale), no_sync, exclusions, training."""
-    _ranks(2, ["flat", "twolevel", "nosync", "exclude", "train"])
+    """flat, two nodes of one rank (the folded scale), no_sync, exclusions, training, a slow
+    rank."""
+    _ranks(2, ["flat", "twolevel", "nosync", "exclude", "train", "slowrank"])
 
 
 @pytest.mark.mpi
