@@ -269,8 +269,7 @@ class Fp8State:
                     self._finish(pending, device)
                 job = self._queue.get()
                 if job is None:
-                    while pending:
-                        self._finish(pending, device)
+                    self._drain(pending, device)
                     return
                 if self._failed is not None:
                     job.fail(RuntimeError(f"caffe8.ddp: an earlier bucket's exchange failed: "
