@@ -27,16 +27,19 @@ hierarchical sum map one shared file per node (comm.shm); wire buffers taken fro
 processes' blocks in place and copy finished blocks straight out of their owners' segments,
 with barriers instead of messages; same additions, same order, same bytes. Buffers from
 anywhere else, nodes without usable shared memory, and ``CAFFE8_SHM=0`` take the message path.
+On GPUs ``reserve(nbytes, device=True)`` shares device memory instead (comm.ipc, CUDA IPC):
+buffers from ``device_buffer`` are summed by the same functions on the GPUs, with the device's
+own kernels for the same arithmetic, and only the node's piece goes to host memory for the
+inter-node stage (``sum(buf, wire, between, host=mirror)``); ``CAFFE8_IPC=0`` keeps host memory.
 
 Registry: ``create_transport(name, comm, processes_per_node=0, waiter=BLOCKING)``; names in
 ``TRANSPORTS``, each with ``reduction`` "sum" or "gather".
 """
 import os
-from types import SimpleNamespace
-
 import numpy
 
-from caffe8.comm.collective import BLOCKING, collective, in_place
+from caffe8.comm.collective import BLOCKING, Scratch, collective, in_place
+from caffe8.comm.ipc import DeviceArena
 from caffe8.comm.mpi import mpi_module, node_comms
 from caffe8.comm.shm import SharedArena
 from caffe8.engine import backend
@@ -44,10 +47,15 @@ from caffe8.engine.registry import registrar
 
 TRANSPORTS = {}
 SHM_ENV = "CAFFE8_SHM"      # "0": no node-shared buffers, every stage by messages
+IPC_ENV = "CAFFE8_IPC"      # "0": GPU wire buffers staged through host memory, as without IPC
 SHARED_MIN_BYTES = 16384    # smaller buffers in the arena still take the message schedule
 
 
 register_transport = registrar(TRANSPORTS, "transport", "name")
+
+
+def _off(env):
+    return os.environ.get(env, "1").strip().lower() in ("0", "false", "no", "off")
 
 
 def create_transport(name, comm, processes_per_node=0, waiter=BLOCKING):
@@ -56,19 +64,6 @@ def create_transport(name, comm, processes_per_node=0, waiter=BLOCKING):
         raise ValueError(f"Unrecognized transport: {name!r}, valid: "
                          + ", ".join(sorted(TRANSPORTS)))
     return TRANSPORTS[name](comm, processes_per_node, waiter)
-
-
-class _Scratch:
-    """A reusable receive buffer: fresh 64 MB allocations cost page faults on every call."""
-
-    def __init__(self):
-        self._buf = numpy.empty(0, numpy.uint8)
-
-    def get(self, n, dtype):
-        nbytes = n * numpy.dtype(dtype).itemsize
-        if self._buf.size < nbytes:
-            self._buf = numpy.empty(nbytes, numpy.uint8)
-        return self._buf[:nbytes].view(dtype)
 
 
 def reduce_scatter_ordered(comm, buf, wire, scratch, waiter=BLOCKING):
@@ -97,27 +92,28 @@ def reduce_scatter_ordered(comm, buf, wire, scratch, waiter=BLOCKING):
     collective(waiter, "Alltoallv", comm, [buf, (counts, sdispls), wire.datatype],
                [recv, (counts, rdispls), wire.datatype])
     terms = [recv[j - (j > r)] if j != r else blocks[r] for j in range(n)]
-    return _ordered_chain(terms, r, wire, start=None)
+    return _ordered_chain(terms, r, wire.local_sum)
 
 
-def _ordered_chain(terms, r, wire, start):
+def _ordered_chain(terms, r, local_sum, start=None, copy=None):
     """((x0 + x1) + x2) + ... of the blocks ``terms`` (rank order; ``terms[r]`` is the own block)
     ending in the own block, which is returned: the one summation order of every explicit
     schedule. The running sum begins in ``terms[0]`` itself (a receive buffer), or in ``start``
-    (a scratch block) when ``terms[0]`` is another rank's memory and must only be read; once it
-    reaches x_r it is added *into* the own block (dst = src + dst is exact-commutative), and
-    later terms follow it there."""
+    (a scratch block, filled by ``copy(dst, src)``) when ``terms[0]`` is another rank's memory
+    and must only be read; once it reaches x_r it is added *into* the own block (dst = src + dst
+    is exact-commutative), and later terms follow it there. ``local_sum(src, dst)``:
+    dst <- src + dst."""
     own = terms[r]
     acc = own if r == 0 else terms[0]
     if start is not None and r >= 2:
-        start[...] = terms[0]
+        copy(start, terms[0])
         acc = start
     for j in range(1, len(terms)):
         if j == r:
-            wire.local_sum(acc, own)
+            local_sum(acc, own)
             acc = own
         else:
-            wire.local_sum(terms[j], acc)
+            local_sum(terms[j], acc)
     return own
 
 
@@ -127,7 +123,7 @@ def ordered_sum(terms, local_sum):
     (:func:`_ordered_chain` as rank 0 runs it), for a transport that hands one process every
     block, such as caffe8.ddp's all-to-all. ``local_sum(src, dst)``: dst <- src + dst, in place
     (``comm.ops.local_sum``)."""
-    return _ordered_chain(list(terms), 0, SimpleNamespace(local_sum=local_sum), start=None)
+    return _ordered_chain(list(terms), 0, local_sum)
 
 
 def allgather_in_place(comm, buf, wire, waiter=BLOCKING):
@@ -139,22 +135,24 @@ def allgather_in_place(comm, buf, wire, waiter=BLOCKING):
     collective(waiter, "Allgather", comm, in_place(), [buf, items, wire.datatype])
 
 
-def reduce_scatter_shared(comm, arena, buf, wire, scratch, waiter=BLOCKING):
-    """:func:`reduce_scatter_ordered` on a buffer in ``arena`` (``comm``'s node-shared memory):
-    the same chain of additions in ascending rank, reading the other ranks' blocks where they
-    lie; the running sum never lives in another rank's memory. Returns the own block."""
+def reduce_scatter_shared(comm, arena, buf, wire, waiter=BLOCKING):
+    """:func:`reduce_scatter_ordered` on a buffer in ``arena`` (``comm``'s node memory: shared
+    host memory, comm/shm.py, or device memory, comm/ipc.py): the same chain of additions in
+    ascending rank, reading the other ranks' blocks where they lie, by the arena's own
+    arithmetic; the running sum never lives in another rank's memory. Returns the own block."""
     n, r = comm.Get_size(), comm.Get_rank()
     if n == 1:
         return buf
     terms = [(buf if j == r else arena.peer(j, buf)).reshape(n, -1)[r] for j in range(n)]
     arena.barrier(comm, waiter)                 # every rank's payload is in place
     # x0 + x1 must not be written into rank 0's block: the sum starts in a scratch block
-    return _ordered_chain(terms, r, wire, start=scratch.get(terms[r].size, terms[r].dtype))
+    return _ordered_chain(terms, r, arena.local_sum(wire),
+                          start=arena.scratch(terms[r].size, terms[r].dtype), copy=arena.copy)
 
 
 def allgather_shared(comm, arena, buf, waiter=BLOCKING):
     """:func:`allgather_in_place` on a buffer in ``arena``: copy every other rank's finished
-    block out of its segment. Barriers before (the blocks are final) and after (no rank writes
+    block out of its memory. Barriers before (the blocks are final) and after (no rank writes
     its buffer again, e.g. the next iteration's encoding, while another still copies from it)."""
     n, r = comm.Get_size(), comm.Get_rank()
     if n == 1:
@@ -163,12 +161,13 @@ def allgather_shared(comm, arena, buf, waiter=BLOCKING):
     arena.barrier(comm, waiter)
     for j in range(n):
         if j != r:
-            mine[j][...] = arena.peer(j, buf).reshape(n, -1)[j]
+            arena.copy(mine[j], arena.peer(j, buf).reshape(n, -1)[j])
     arena.barrier(comm, waiter)
 
 
-def _shared_arena(comm, nbytes):
-    """(arena or None, why not) for ``comm`` when all its processes share memory."""
+def _shared_arena(comm, nbytes, kind=SharedArena):
+    """(arena or None, why not) for ``comm`` when all its processes share a node: ``kind``
+    (SharedArena, or comm.ipc.DeviceArena) made over it."""
     if comm is None or comm.Get_size() == 1:
         return None, "one process"
     MPI = mpi_module()
@@ -177,12 +176,13 @@ def _shared_arena(comm, nbytes):
     node.Free()
     if not comm.allreduce(int(together), op=MPI.MIN):
         return None, "its processes are on different nodes"
-    return SharedArena.create(comm, nbytes)
+    return kind.create(comm, nbytes)
 
 
 class Transport:
     """Base of the transports. A sum transport (``reduction`` "sum") defines
-    ``sum(buf, wire, between=None)`` (in place, returns ``buf``); the gather transport
+    ``sum(buf, wire, between=None, host=None)`` (in place, returns ``buf``; ``host``: a device
+    buffer's host mirror, for a stage between nodes); the gather transport
     (``reduction`` "gather") defines ``gather(payload, varying)``."""
     name = None
     reduction = "sum"
@@ -209,32 +209,60 @@ class Transport:
         """The communicator whose processes could share buffers (None: this algorithm can't)."""
         return None
 
-    def reserve(self, nbytes):
-        """Collective: set aside ``nbytes`` of node-shared wire memory per process for the
-        buffers of ``host_buffer`` (where the algorithm has a shared-memory stage and the
-        node allows it). Returns the arena or None."""
+    def reserve(self, nbytes, device=False):
+        """Collective: set aside ``nbytes`` of node-shared wire memory per process (where the
+        algorithm has a shared-memory stage and the node allows it). ``device`` (the wire
+        buffers are on GPUs): device memory shared through CUDA IPC (comm/ipc.py) for the
+        buffers of ``device_buffer``, so the intra-node stages run on the GPUs; where that
+        cannot be had (``IPC_ENV``, a GPU pair without peer access), host memory as without
+        ``device``, for the buffers of ``host_buffer``. Returns the arena or None;
+        ``shared_reason`` says why not, or why not on the device."""
         if self._stage_comm() is None:
             self.shared_reason = f"the {self.name} schedule has no shared-memory stage"
             return None
-        if os.environ.get(SHM_ENV, "1").strip().lower() in ("0", "false", "no", "off"):
+        if _off(SHM_ENV):
             self.shared_reason = f"{SHM_ENV}={os.environ[SHM_ENV]}"
             return None
         self.close_arena()
-        self.arena, self.shared_reason = _shared_arena(self._stage_comm(), nbytes)
+        device_reason = None
+        if device:
+            if _off(IPC_ENV):
+                device_reason = f"{IPC_ENV}={os.environ[IPC_ENV]}"
+            else:
+                self.arena, device_reason = _shared_arena(self._stage_comm(), nbytes,
+                                                          DeviceArena)
+        if self.arena is None:
+            self.arena, self.shared_reason = _shared_arena(self._stage_comm(), nbytes)
+            if device_reason and self.arena is not None:
+                self.shared_reason = f"host memory, not the GPUs': {device_reason}"
         return self.arena
 
     def host_buffer(self, length, dtype, shared=True):
-        """A zeroed wire buffer: from the node-shared arena while it has room (``shared``),
-        else ``backend.host_buffer`` (pinned on a GPU). The same calls in the same order on
-        every process give the same offsets, which the shared stages rely on."""
-        out = self.arena.alloc(length, dtype) if shared and self.arena is not None else None
+        """A zeroed wire buffer: from the node-shared host arena while it has room
+        (``shared``), else ``backend.host_buffer`` (pinned on a GPU). The same calls in the same
+        order on every process give the same offsets, which the shared stages rely on."""
+        arena = self.arena if shared and self.arena is not None and \
+            not self.arena.on_device else None
+        out = arena.alloc(length, dtype) if arena is not None else None
         return out if out is not None else backend.host_buffer(length, dtype)
 
+    def device_buffer(self, length, dtype):
+        """A zeroed wire buffer in the device arena (``reserve(device=True)``), or None when
+        there is none or it is full: the caller then stages through host memory."""
+        if self.arena is None or not self.arena.on_device:
+            return None
+        return self.arena.alloc(length, dtype)
+
+    def on_device(self, buf):
+        """True when ``buf`` lies in the device arena: its sum runs on the GPUs."""
+        return self.arena is not None and self.arena.on_device and self.arena.holds(buf)
+
     def _shared(self, buf):
-        """Sum ``buf`` through shared memory? (Below a few pages the message schedule's fixed
-        cost is as low, and the shared stages' Python steps cost more.)"""
-        return self.arena is not None and buf.nbytes >= SHARED_MIN_BYTES and \
-            self.arena.holds(buf)
+        """Sum ``buf`` through the node memory? Device memory always (it has no other path);
+        host memory from a few pages on (below, the message schedule's fixed cost is as low,
+        and the shared stages' Python steps cost more)."""
+        return self.arena is not None and self.arena.holds(buf) and \
+            (self.arena.on_device or buf.nbytes >= SHARED_MIN_BYTES)
 
     def close_arena(self):
         if self.arena is not None:
@@ -254,7 +282,7 @@ class FlatAllreduce(Transport):
     every step; every pairwise step is commutative-exact, so ranks still agree bit for bit.
     """
 
-    def sum(self, buf, wire, between=None):
+    def sum(self, buf, wire, between=None, host=None):
         if self.size > 1:
             collective(self.waiter, "Allreduce", self.comm, in_place(), wire.spec(buf),
                        wire.op)
@@ -270,16 +298,16 @@ class ReduceScatterAllgather(Transport):
 
     def __init__(self, comm, processes_per_node=0, waiter=BLOCKING):
         super().__init__(comm, processes_per_node, waiter)
-        self._scratch = _Scratch()
+        self._scratch = Scratch()
 
     def _stage_comm(self):
         return self.comm
 
-    def sum(self, buf, wire, between=None):
+    def sum(self, buf, wire, between=None, host=None):
         if self.size == 1:
             return buf
         if self._shared(buf):
-            reduce_scatter_shared(self.comm, self.arena, buf, wire, self._scratch, self.waiter)
+            reduce_scatter_shared(self.comm, self.arena, buf, wire, self.waiter)
             allgather_shared(self.comm, self.arena, buf, self.waiter)
             return buf
         reduce_scatter_ordered(self.comm, buf, wire, self._scratch, self.waiter)
@@ -306,7 +334,7 @@ class HierarchicalAllreduce(Transport):
         if comm is not None:
             self.intra, self.inter = node_comms(comm, processes_per_node)
             self.local_size, self.nodes = self.intra.Get_size(), self.inter.Get_size()
-        self._scratch = _Scratch()
+        self._scratch = Scratch()
 
     @property
     def stages(self):
@@ -315,20 +343,33 @@ class HierarchicalAllreduce(Transport):
     def _stage_comm(self):
         return self.intra
 
-    def sum(self, buf, wire, between=None):
+    def sum(self, buf, wire, between=None, host=None):
+        """``host``: for a ``buf`` in the device arena, its host mirror (same length), whose
+        span of the node's piece carries it through the inter-node stage: only that 1/P' of
+        the buffer crosses to host memory and back, and ``between`` sees host memory."""
         if self.size == 1:
             return buf
         w = self.waiter
         shared = self._shared(buf)
         if shared:
-            piece = reduce_scatter_shared(self.intra, self.arena, buf, wire, self._scratch, w)
+            piece = reduce_scatter_shared(self.intra, self.arena, buf, wire, w)
         else:
             piece = reduce_scatter_ordered(self.intra, buf, wire, self._scratch, w)
         if self.nodes > 1:
+            staged = piece
+            if shared:
+                if host is None and self.arena.on_device:
+                    raise ValueError("hierarchical sum of a device buffer: its host mirror "
+                                     "(host=) carries the node's piece across nodes")
+                mirror = buf if host is None else host
+                staged = self.arena.stage(piece, mirror.reshape(self.local_size, -1)[
+                    self.intra.Get_rank()])
             if between is not None:
-                between(piece)
-            reduce_scatter_ordered(self.inter, piece, wire, self._scratch, w)
-            allgather_in_place(self.inter, piece, wire, w)
+                between(staged)
+            reduce_scatter_ordered(self.inter, staged, wire, self._scratch, w)
+            allgather_in_place(self.inter, staged, wire, w)
+            if shared:
+                self.arena.unstage(piece, staged)
         if shared:
             allgather_shared(self.intra, self.arena, buf, w)
         else:
@@ -353,9 +394,9 @@ class RingAllreduce(Transport):
 
     def __init__(self, comm, processes_per_node=0, waiter=BLOCKING):
         super().__init__(comm, processes_per_node, waiter)
-        self._scratch = _Scratch()
+        self._scratch = Scratch()
 
-    def sum(self, buf, wire, between=None):
+    def sum(self, buf, wire, between=None, host=None):
         p, r = self.size, self.rank
         if p == 1:
             return buf

@@ -7,7 +7,8 @@ blocking call (the benchmark's path, exactly MPICH's blocking algorithms). All r
 the same kind, as MPI requires (a blocking collective never matches a nonblocking one).
 
 :func:`max_over` is the MAX agreement of one float (the fp8 codec's range, the APS exponent);
-:func:`bit_identical` whether every rank holds the same bytes (the consistency check).
+:func:`bit_identical` whether every rank holds the same bytes (the consistency check);
+:class:`Scratch` the receive and running-sum buffer a transport or node memory keeps.
 """
 import hashlib
 import os
@@ -39,6 +40,22 @@ class _Blocking:
 
 
 BLOCKING = _Blocking()
+
+
+class Scratch:
+    """A reusable buffer (``empty``: numpy.empty, or cupy.empty for device memory): fresh
+    allocations of tens of MB cost page faults on every call."""
+
+    def __init__(self, empty=numpy.empty):
+        self._empty = empty
+        self._buf = empty(0, numpy.uint8)
+
+    def get(self, n, dtype):
+        """``n`` items of ``dtype`` (contents undefined)."""
+        nbytes = int(n) * numpy.dtype(dtype).itemsize
+        if self._buf.size < nbytes:
+            self._buf = self._empty(nbytes, numpy.uint8)
+        return self._buf[:nbytes].view(dtype)
 
 
 def collective(waiter, name, comm, *args):

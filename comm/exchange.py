@@ -65,6 +65,7 @@ from caffe8.comm.collective import BLOCKING, bit_identical, max_over
 from caffe8.comm.codecs import Tensor, create_codec
 from caffe8.comm.config import transport_name
 from caffe8.comm.ops import padded_length
+from caffe8.comm.ipc import ALIGN as DEVICE_ALIGN
 from caffe8.comm.shm import ALIGN
 
 
@@ -121,6 +122,7 @@ class Trip:
     at: int = 0
     host: object = None
     wire: object = None
+    on_device: bool = False
     stat: object = None
     quantile: float = 0.0
     payload: object = None
@@ -289,14 +291,17 @@ class Exchange(SolverCallback):
         name = self._transport_of[codec.name]
         transport = self.transports[name]
         item = numpy.dtype(codec.wire.dtype).itemsize
-        transport.reserve(sum(self._wire_length(n, codec, transport) * item + ALIGN
-                              for n in self._bucket_size))
+        align = max(ALIGN, DEVICE_ALIGN)
+        transport.reserve(sum(self._wire_length(n, codec, transport) * item + align
+                              for n in self._bucket_size), device=self.gpu)
         self._reserved = [name]
 
     def _make_buffers(self):
         """{(codec name, bucket): (host, device)}: every bucket's wire buffers, made here, before
         any stream uses them (``bucket_buffer``): the configured codec's (from the node-shared
-        arena while it has room) and, with warm-up iterations, the float32 codec's (private).
+        arena while it has room: on GPUs its device arena, when the node's GPUs share memory,
+        and then the host buffer is a private pinned mirror for the stage between nodes) and,
+        with warm-up iterations, the float32 codec's (private).
         On the GPU each device buffer is zero-filled on the current stream, and ``_ready`` is an
         event after the fills, which every layer's stream waits for before its first step: a
         buffer made at a layer's first use on the compute stream was not ordered before that
@@ -313,9 +318,12 @@ class Exchange(SolverCallback):
             transport = self.transports[self._transport_of[codec.name]]
             for b, size in enumerate(self._bucket_size):
                 length = self._wire_length(size, codec, transport)
+                device = transport.device_buffer(length, codec.wire.dtype) \
+                    if codec is self.codec else None
                 host = transport.host_buffer(length, codec.wire.dtype,
                                              shared=codec is self.codec)
-                device = xp.zeros(length, codec.wire.dtype) if self.gpu else host
+                if device is None:
+                    device = xp.zeros(length, codec.wire.dtype) if self.gpu else host
                 buffers[(codec.name, b)] = (host, device)
         if self.gpu:
             self._ready = self.clock.mark(backend.cupy.cuda.get_current_stream())
@@ -323,10 +331,14 @@ class Exchange(SolverCallback):
 
     def shared_memory_summary(self):
         """One line per sum transport: whether its buffers are node-shared, and why not."""
-        return [f"{name}: " + (f"node-shared wire buffers ({t.arena.segment / 2**20:.1f} MiB per "
-                               "process)" if t.arena is not None else
-                               f"message buffers ({t.shared_reason})")
-                for name, t in ((n, self.transports[n]) for n in self._reserved)]
+        def line(t):
+            if t.arena is None:
+                return f"message buffers ({t.shared_reason})"
+            where = "node-shared GPU wire buffers (CUDA IPC" if t.arena.on_device else \
+                "node-shared wire buffers ("
+            text = f"{where}{t.arena.segment / 2**20:.1f} MiB per process)"
+            return text + (f"; {t.shared_reason}" if t.shared_reason else "")
+        return [f"{name}: {line(self.transports[name])}" for name in self._reserved]
 
     def codec_for_iteration(self):
         """The float32 codec during the warm-up iterations, the configured codec after."""
@@ -423,14 +435,16 @@ class Exchange(SolverCallback):
         """A tensor's trip, with its gradient and its spans of the bucket's wire buffers (sum
         codecs)."""
         key = (sl.start, sl.stop)
-        at, host, wire = 0, None, None
+        at, host, wire, on_device = 0, None, None, False
         if codec.reduction == "sum":
             at, n = self._offset[key], sl.stop - sl.start
             host, device = self.bucket_buffer(self._bucket_of[layer], codec)
+            on_device = self.gpu and transport.on_device(device)
             host, wire = host[at:at + n], device[at:at + n]
         tensor = Tensor(key, self.net.flat_data[sl], self.iteration, self.world.size,
                         transport.stages, wire)
-        return Trip(sl, self.net.flat_diff[sl], codec, transport, tensor, at, host, wire)
+        return Trip(sl, self.net.flat_diff[sl], codec, transport, tensor, at, host, wire,
+                    on_device)
 
     def _encodes_early(self, trip):
         """True when the tensor is encoded in the local steps, before any agreement: it has no
@@ -473,7 +487,8 @@ class Exchange(SolverCallback):
         self._phase(future, "encode", start, encoded)
         for trip in trips:
             if self.gpu:
-                self._copy_to_host(trip, stream)
+                if not trip.on_device:          # summed where it lies (the device arena)
+                    self._copy_to_host(trip, stream)
             elif trip.codec.reduction == "gather":
                 trip.host = trip.payload
         if self.gpu:
@@ -541,14 +556,17 @@ class Exchange(SolverCallback):
         is shared out to the layers by their element counts."""
         trips = [trip for f in futures for trip in f.trips]
         codec, transport = trips[0].codec, trips[0].transport
-        host, _ = self.bucket_buffer(b, codec)
+        host, device = self.bucket_buffer(b, codec)
         between = BetweenStages(host, trips) if codec.between_stages is not None else None
         t = time.perf_counter()
-        transport.sum(host, codec.wire, between)
+        if trips[0].on_device:          # on the GPUs; the node's piece crosses nodes via host
+            transport.sum(device, codec.wire, between, host=host)
+        else:
+            transport.sum(host, codec.wire, between)
         end = time.perf_counter()
         for f in futures:
             for trip in f.trips:
-                trip.reduced = trip.host
+                trip.reduced = trip.wire if trip.on_device else trip.host
             n = sum(trip.host.size for trip in f.trips)
             f.times["comm"] += (end - t) * n / max(self._bucket_size[b], 1)
             f.reduce = (t, end)
@@ -561,7 +579,9 @@ class Exchange(SolverCallback):
         with _on(future.stream):
             future.h2d = self._mark(future.stream)
             for trip in future.trips:
-                if trip.codec.reduction == "sum":
+                if trip.on_device:
+                    pass                        # the sum is already in the device buffer
+                elif trip.codec.reduction == "sum":
                     _copy_async(trip.wire.data.ptr, trip.host.ctypes.data, trip.host.nbytes,
                                 _H2D, future.stream)
                     trip.reduced = trip.wire

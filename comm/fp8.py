@@ -77,12 +77,24 @@ __device__ __forceinline__ unsigned char c8_fp8_trunc(float f) {
     return (unsigned char)c;
 }
 
-__device__ __forceinline__ float c8_fp8_to_float(unsigned char b) {
-    unsigned int h = ((unsigned int)b) << 8, s = (h & 0x8000u) << 16;
-    unsigned int e = (h >> 10) & 0x1Fu, m = h & 0x3FFu;
+// half bits -> float, exactly (a subnormal half is m * 2**-24, a normal float)
+__device__ __forceinline__ float c8_half_to_float(unsigned int h) {
+    unsigned int s = (h & 0x8000u) << 16, e = (h >> 10) & 0x1Fu, m = h & 0x3FFu;
     if (e == 0x1Fu) return c8_u2f(s | 0x7F800000u | (m << 13));
     if (e == 0u) { float v = (float)m * 5.9604644775390625e-8f; return s ? -v : v; }
     return c8_u2f(s | ((e + 112u) << 23) | (m << 13));
+}
+
+__device__ __forceinline__ float c8_fp8_to_float(unsigned char b) {
+    return c8_half_to_float(((unsigned int)b) << 8);
+}
+
+// half + half as the host's half sum (comm/csrc/kernels.c, half_add_sat): float32 sum (both
+// operands and any nonzero sum are multiples of 2**-24, normal floats, so -ftz changes nothing),
+// nearest even to half, +-inf saturated to +-65504
+__device__ __forceinline__ unsigned short c8_half_add_sat(unsigned short a, unsigned short b) {
+    unsigned int s = c8_half_rne(__fadd_rn(c8_half_to_float(a), c8_half_to_float(b)));
+    return (unsigned short)((s & 0x7FFFu) == 0x7C00u ? s - 1u : s);
 }
 
 // fp8 + fp8 as the MPI op does it: float32 sum, then one nearest-even rounding to fp8 (equal to
@@ -158,6 +170,10 @@ CUDA_KERNEL_SPECS = {
                       "y = c8_mul(c8_fp8_to_float(b), inv_scale)"),
     "add_nearest": ("uint8 a, uint8 b", "uint8 y", "y = c8_fp8_add_nearest(a, b)"),
     "add_oyama": ("uint8 a, uint8 b", "uint8 y", "y = c8_fp8_add_oyama(a, b)"),
+    # the other wire formats' sums, for the sums on the GPUs (comm.ipc): float16 bits as
+    # comm.kernels.half_sum, float32 as numpy.add (IEEE, subnormals kept)
+    "half_add": ("uint16 a, uint16 b", "uint16 y", "y = c8_half_add_sat(a, b)"),
+    "float_add": ("float32 a, float32 b", "float32 y", "y = c8_add(a, b)"),
     "decode_ratio": (
         "uint8 b, float32 w, float32 eps, float32 inv_scale", "float32 y",
         "y = c8_mul(c8_mul(c8_fp8_to_float(b), inv_scale), c8_add(c8_abs(w), eps))"),
@@ -168,8 +184,9 @@ CUDA_KERNEL_SPECS = {
 }
 
 
-def _cuda_kernel(name):
-    """The named fused CuPy kernel (made once: ``backend.elementwise_kernel``)."""
+def cuda_kernel(name):
+    """The named fused CuPy kernel of ``CUDA_KERNEL_SPECS`` (made once:
+    ``backend.elementwise_kernel``)."""
     inp, out, body = CUDA_KERNEL_SPECS[name]
     return backend.elementwise_kernel(inp, out, body, "caffe8_fp8_" + name, CUDA_PREAMBLE)
 
@@ -182,7 +199,7 @@ def _float32_on_device(x):
     """A float32 CuPy array of ``x``'s values, rounded as the host rounds (subnormals kept)."""
     cp = backend.cupy
     x = cp.asarray(x)
-    return _cuda_kernel("narrow")(x) if x.dtype == cp.float64 else x.astype(cp.float32, copy=False)
+    return cuda_kernel("narrow")(x) if x.dtype == cp.float64 else x.astype(cp.float32, copy=False)
 
 
 def widen_into(y32, out):
@@ -190,7 +207,7 @@ def widen_into(y32, out):
     through a kernel that keeps float32 subnormals, as the host's cast does."""
     xp = backend.get_array_module(out)
     if _is_gpu(xp) and out.dtype == xp.float64:
-        _cuda_kernel("widen")(y32.reshape(out.shape), out)
+        cuda_kernel("widen")(y32.reshape(out.shape), out)
     else:
         out[...] = y32.reshape(out.shape)
     return out
@@ -206,7 +223,7 @@ def encode(x, rounding="nearest"):
         return formats.FP8_E5M2.encode(x, _conversion(rounding))
     x = x.astype(xp.float32, copy=False)
     if _is_gpu(xp):
-        return _cuda_kernel("encode_" + _conversion(rounding))(x)
+        return cuda_kernel("encode_" + _conversion(rounding))(x)
     return _encode_host(x, rounding)
 
 
@@ -224,7 +241,7 @@ def decode(b):
     if b.dtype != xp.uint8:
         raise TypeError(f"comm.fp8.decode: codes must be uint8, got {b.dtype}")
     if _is_gpu(xp):
-        return _cuda_kernel("decode")(b)
+        return cuda_kernel("decode")(b)
     return _decode_host(b)
 
 
@@ -253,7 +270,7 @@ def add(a, b, rounding="nearest"):
     if a.shape != b.shape:
         raise ValueError(f"comm.fp8.add: shapes differ: {a.shape} and {b.shape}")
     if _is_gpu(xp):
-        return _cuda_kernel("add_" + rounding)(a, b)
+        return cuda_kernel("add_" + rounding)(a, b)
     out = numpy.array(b, order="C")                  # the op sums into its inout buffer
     kernels.fp8_sum(numpy.ascontiguousarray(a).reshape(-1), out.reshape(-1), rounding)
     return out
@@ -278,7 +295,7 @@ def encode_ratio(grad, weight, eps, scale, rounding="nearest", out=None):
         raise ValueError(f"comm.fp8.encode_ratio: grad shape {g.shape} != weight shape {w.shape}")
     eps32, scale32 = numpy.float32(eps), numpy.float32(scale)
     if gpu:
-        kernel = _cuda_kernel("encode_ratio_" + _conversion(rounding))
+        kernel = cuda_kernel("encode_ratio_" + _conversion(rounding))
         return kernel(g, w, eps32, scale32) if out is None else kernel(g, w, eps32, scale32, out)
     target = _host_target(out, g.shape, numpy.uint8)
     kernels.encode_ratio_fp8(numpy.ascontiguousarray(g).reshape(-1),
@@ -312,7 +329,7 @@ def encode_scaled(x, scale, rounding="nearest", out=None):
     xp = backend.get_array_module(x)
     if _is_gpu(xp):
         x32 = _float32_on_device(x)
-        kernel = _cuda_kernel("encode_scaled_" + _conversion(rounding))
+        kernel = cuda_kernel("encode_scaled_" + _conversion(rounding))
         scale32 = numpy.float32(scale)
         return kernel(x32, scale32) if out is None else kernel(x32, scale32, out)
     x32 = numpy.ascontiguousarray(x, dtype=numpy.float32)
@@ -329,7 +346,7 @@ def decode_scaled(b, inv_scale, out=None):
     xp = backend.get_array_module(b)
     inv32 = numpy.float32(inv_scale)
     if _is_gpu(xp):
-        y = _cuda_kernel("decode_scaled")(xp.asarray(b, xp.uint8), inv32)
+        y = cuda_kernel("decode_scaled")(xp.asarray(b, xp.uint8), inv32)
         return y if out is None else widen_into(y, out)
     b = numpy.ascontiguousarray(b)
     target = _host_target(out, b.shape, numpy.float32)
@@ -349,7 +366,7 @@ def decode_ratio(b, weight, eps, inv_scale, out=None):
         raise ValueError(f"comm.fp8.decode_ratio: codes shape {b.shape} != weight shape {w.shape}")
     eps32, inv32 = numpy.float32(eps), numpy.float32(inv_scale)
     if gpu:
-        y = _cuda_kernel("decode_ratio")(b, w, eps32, inv32)
+        y = cuda_kernel("decode_ratio")(b, w, eps32, inv32)
         return y if out is None else widen_into(y, out)
     target = _host_target(out, b.shape, numpy.float32)
     kernels.decode_ratio_fp8(numpy.ascontiguousarray(b).reshape(-1),

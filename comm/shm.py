@@ -8,10 +8,11 @@ allgather copies the finished blocks straight out of their owners' segments: no 
 message-based schedule, so the sums are the same bytes.
 
 The file lives in ``/dev/shm`` only until every process has mapped it: the node's first process
-creates it and reserves its pages with ``posix_fallocate`` (tmpfs then reports a full
-``/dev/shm`` as ENOSPC at once, rather than as SIGBUS on first touch), the others open it, and it
-is unlinked as soon as all agree they have it mapped — a job that dies later leaves nothing
-behind. If any step fails on any process (no /dev/shm, too small, permissions), every process of
+creates it and sets its size, every process opens it and reserves its own segment's pages with
+``posix_fallocate`` — so each segment lies on its owner's NUMA node (tmpfs allocates a page under
+the memory policy of the process that allocates it, local by default), and a full ``/dev/shm``
+is ENOSPC at once rather than SIGBUS on first touch — and it is unlinked as soon as all agree
+they have it mapped: a job that dies later leaves nothing behind. If any step fails on any process (no /dev/shm, too small, permissions), every process of
 the node gets ``None`` with the reason and the transports keep using messages.
 
 The stages synchronise through the mapping as well: each process's first cache line is its
@@ -24,6 +25,13 @@ round trip.
 
 On a GPU the own segment is page-locked (``backend.pin_host``) so the asynchronous device
 copies into and out of it run as they do with pinned buffers.
+
+The arena is one of two node memories with the same protocol (comm/allreduce.py's shared stages
+use only it): ``holds``, ``peer``, ``barrier``, ``alloc``, ``scratch`` (a private running-sum
+buffer), ``local_sum(wire)`` and ``copy`` (the arithmetic and copies, host or device),
+``stage``/``unstage`` (the node's piece to and from host memory around the inter-node stage:
+here the piece already is host memory) and ``close``. The other is comm/ipc.py's device
+arena (CUDA IPC), whose stages run on the GPUs.
 """
 import mmap
 import os
@@ -32,7 +40,7 @@ import secrets
 import numpy
 
 from caffe8.comm import kernels
-from caffe8.comm.collective import collective
+from caffe8.comm.collective import Scratch, collective
 from caffe8.comm.mpi import mpi_module
 from caffe8.engine import backend
 
@@ -55,6 +63,8 @@ class SharedArena:
     allocates its buffers from its own with :meth:`alloc` (in the same order on every process,
     so a buffer sits at the same offset in every segment) and finds a peer's copy with
     :meth:`peer`."""
+    on_device = False           # host memory: any buffer size is worth the shared stages only
+                                # from comm.allreduce.SHARED_MIN_BYTES on
 
     def __init__(self, mapping, segment, size, rank):
         self._mapping = mapping
@@ -67,6 +77,7 @@ class SharedArena:
         self._epoch = 0
         self._counters = kernels.shm_barrier_functions()    # None: no C library, MPI barriers
         self._futex = self._base + FUTEX
+        self._scratch = Scratch()
         self._unpin = backend.pin_host(self.views[rank])
 
     @classmethod
@@ -82,8 +93,8 @@ class SharedArena:
             path = os.path.join(SHM_DIR, f"caffe8-{os.getpid()}-{secrets.token_hex(6)}")
             try:
                 fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
-                os.posix_fallocate(fd, 0, total)
-            except (OSError, AttributeError) as exc:
+                os.ftruncate(fd, total)
+            except OSError as exc:
                 reason = f"{path}: {exc}"
                 if fd >= 0:
                     os.close(fd)
@@ -96,12 +107,14 @@ class SharedArena:
         try:
             if rank != 0:
                 fd = os.open(path, os.O_RDWR)
+            # the own segment's pages, allocated by this process: on its NUMA node
+            os.posix_fallocate(fd, rank * segment, segment)
             mapping = mmap.mmap(fd, total, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
             try:
                 arena = cls(mapping, segment, size, rank)     # pins the own segment on a GPU
             except Exception as exc:                        # e.g. cudaHostRegister refused
                 reason = f"{path}: {exc}"                   # (the mapping goes with its views)
-        except OSError as exc:
+        except (OSError, AttributeError) as exc:        # AttributeError: no posix_fallocate
             reason = f"{path}: {exc}"
         finally:
             if fd >= 0:
@@ -149,6 +162,30 @@ class SharedArena:
         out = self.views[self.rank][start:start + nbytes].view(dtype)
         out[...] = 0
         return out
+
+    def scratch(self, length, dtype):
+        """A private buffer of ``length`` items (contents undefined): a running sum that must
+        not live in another process's segment."""
+        return self._scratch.get(length, dtype)
+
+    @staticmethod
+    def local_sum(wire):
+        """``fn(src, dst)``: dst <- src + dst in ``wire``'s format (comm.ops.WireOp)."""
+        return wire.local_sum
+
+    @staticmethod
+    def copy(dst, src):
+        dst[...] = src
+
+    @staticmethod
+    def stage(piece, host_piece):
+        """The node's partial sum ``piece`` as host memory for the inter-node stage: here it
+        is host memory already (``host_piece`` is the same span)."""
+        return piece
+
+    @staticmethod
+    def unstage(piece, staged):
+        """The inter-node stage's result back into ``piece``: nothing to copy here."""
 
     def holds(self, buf):
         """True when ``buf`` is a contiguous buffer inside this process's segment."""

@@ -30,7 +30,8 @@ With a CUDA GPU (CuPy working) it runs, each step under its own time limit:
    exchange, each with a timing log: the per-layer D2H and H2D seconds the exchange measured
    with CUDA events, and per codec the overlap (T_sync - T_async) / (T_sync - T_none)
    (``engine.timing.overlap``; T: medians over the iterations after the first two of the slower
-   rank's wall);
+   rank's wall); and the synchronous fp8 run again with its buffers staged through host memory
+   (``CAFFE8_IPC=0``): the device stage's iteration time against host staging (comm/ipc.py);
 4. ``prototxt/gru/solver_benchmark.prototxt`` on one process for a few iterations: it trains
    (a finite loss at the end);
 
@@ -52,8 +53,8 @@ if __package__ in (None, ""):          # run as a file: the repository root is n
 
 SOLVER = os.path.join(REPO, "prototxt", "gru", "solver_benchmark.prototxt")
 #: seconds each step may take at most (the whole check stays under --budget)
-LIMITS = {"gpu tests": 170, "peer_bench tf32 off": 110, "peer_bench tf32 on": 110,
-          "2-process exchange": 100, "solver_benchmark": 45}
+LIMITS = {"gpu tests": 160, "peer_bench tf32 off": 110, "peer_bench tf32 on": 110,
+          "2-process exchange": 115, "solver_benchmark": 45}
 
 
 def gpu_absent_reason():
@@ -109,16 +110,10 @@ def exchange_figures(sync_logs, async_logs, none_logs, skip=2):
     rank's wall, the overlap ``engine.timing.overlap`` of the three (NaN when the synchronous
     run is not slower than the one without an exchange), and each layer's median D2H/H2D of the
     synchronous run."""
-    from caffe8.engine.timing import overlap as overlap_of, read_log
+    from caffe8.engine.timing import overlap as overlap_of
 
     def records(paths):
-        return [r for path in paths for r in read_log(path) if r["iteration"] >= skip]
-
-    def wall(recs):
-        per_iter = {}
-        for r in recs:
-            per_iter[r["iteration"]] = max(per_iter.get(r["iteration"], 0.0), r["wall"])
-        return statistics.median(per_iter.values())
+        return _records(paths, skip)
 
     sync = records(sync_logs)
     layers = {}
@@ -130,10 +125,31 @@ def exchange_figures(sync_logs, async_logs, none_logs, skip=2):
         f"{name} {statistics.median(d for d, _ in v) * 1e3:.3f}/"
         f"{statistics.median(h for _, h in v) * 1e3:.3f} ms" for name, v in layers.items())
     try:
-        overlap = overlap_of(wall(sync), wall(records(async_logs)), wall(records(none_logs)))
+        overlap = overlap_of(_wall(sync), _wall(records(async_logs)), _wall(records(none_logs)))
     except ValueError:
         overlap = float("nan")
     return per_layer or "no D2H/H2D recorded", overlap
+
+
+def _records(paths, skip):
+    """The timing-log records of iterations >= ``skip`` of every log in ``paths``."""
+    from caffe8.engine.timing import read_log
+    return [r for path in paths for r in read_log(path) if r["iteration"] >= skip]
+
+
+def _wall(recs):
+    """The median over iterations of the slowest rank's wall."""
+    per_iter = {}
+    for r in recs:
+        per_iter[r["iteration"]] = max(per_iter.get(r["iteration"], 0.0), r["wall"])
+    return statistics.median(per_iter.values())
+
+
+def staging_figure(device_logs, host_logs, skip=2):
+    """The device stage's iteration time against host staging's (the same synchronous run)."""
+    device, host = (_wall(_records(logs, skip)) for logs in (device_logs, host_logs))
+    return (f"fp8 sync, intra-node stage on the GPUs {device * 1e3:.1f} ms vs staged through "
+            f"host memory {host * 1e3:.1f} ms ({device / host:.2f}x)")
 
 
 def _batch():
@@ -142,9 +158,10 @@ def _batch():
     return _runs.net_batch_size(_runs.load_train_net(SOLVER)[1])
 
 
-EXCHANGE_RUNS = (("none", "fp32", False, 1), ("fp8_sync", "fp8", False, 2),
-                 ("fp8_async", "fp8", True, 2), ("fp32_sync", "fp32", False, 2),
-                 ("fp32_async", "fp32", True, 2))
+EXCHANGE_RUNS = (("none", "fp32", False, 1, None), ("fp8_sync", "fp8", False, 2, None),
+                 ("fp8_async", "fp8", True, 2, None), ("fp32_sync", "fp32", False, 2, None),
+                 ("fp32_async", "fp32", True, 2, None),
+                 ("fp8_sync_host", "fp8", False, 2, {"CAFFE8_IPC": "0"}))
 
 
 def exchange_step(out, limit):
@@ -152,14 +169,14 @@ def exchange_step(out, limit):
     2-process runs of fp8 and fp32, with timing logs."""
     from scripts import _runs
     logs, status, seconds = {}, "ok", 0.0
-    for k, (name, codec, asynchronous, processes) in enumerate(EXCHANGE_RUNS):
+    for k, (name, codec, asynchronous, processes, env) in enumerate(EXCHANGE_RUNS):
         run_dir = os.path.join(out, f"exchange_{name}")
         solver = _runs.write_run_prototxts(SOLVER, run_dir, _batch(), codec, asynchronous, 0, 12)
         logs[name] = [os.path.join(run_dir, f"timing.r{r}.jsonl") for r in range(processes)]
         cmd = _runs.train_command(processes, solver, logs[name], sys.executable,
                                   _runs._default_mpiexec())
         left = (limit - seconds) / (len(EXCHANGE_RUNS) - k)
-        status, t, _ = run_step(cmd, max(left, 10), os.path.join(run_dir, "train.log"))
+        status, t, _ = run_step(cmd, max(left, 10), os.path.join(run_dir, "train.log"), env)
         seconds += t
         if status != "ok":
             return status, seconds, f"{name} run: see {run_dir}/train.log"
@@ -169,6 +186,7 @@ def exchange_step(out, limit):
                                               logs["none"])
         figures.append(f"{codec}: overlap (T_sync - T_async)/(T_sync - T_none) {overlap:.2f}; "
                        f"D2H/H2D {per_layer}")
+    figures.append(staging_figure(logs["fp8_sync"], logs["fp8_sync_host"]))
     return status, seconds, "; ".join(figures)
 
 

@@ -195,7 +195,7 @@ static long long __double_as_longlong(double d) { long long u; memcpy(&u, &d, 8)
 static double __longlong_as_double(long long u) { double d; memcpy(&d, &u, 8); return d; }
 """
 _C_TYPES = {"float32": ("float", numpy.float32), "float64": ("double", numpy.float64),
-            "uint8": ("unsigned char", numpy.uint8)}
+            "uint8": ("unsigned char", numpy.uint8), "uint16": ("unsigned short", numpy.uint16)}
 
 
 def _params(text):
@@ -263,6 +263,46 @@ def test_cuda_kernel_text_on_the_host(host_cuda_kernels):
                              fp8.encode_ratio(g, w, 1e-5, 1234.5, rounding="truncate"))
     back = k("decode_ratio", codes, w, eps, numpy.float32(1 / 1234.5))
     assert numpy.array_equal(back, fp8.decode_ratio(codes, w, 1e-5, 1 / 1234.5))
+
+
+def test_device_sums_text_on_the_host(host_cuda_kernels):
+    """The device twins of the host sums (comm.ipc.device_sum), as C: every pair of fp8 codes
+    for both fp8 sums, halves (every half against random ones, saturating pairs) against
+    comm.kernels.half_sum, float32 with subnormals, zeros and infinities against numpy.add —
+    bit for bit, the non-NaN results (a NaN stays a NaN; its payload is the FPU's)."""
+    k = host_cuda_kernels
+    a, b = numpy.meshgrid(ALL_CODES, ALL_CODES)
+    a, b = a.ravel(), b.ravel()
+    for name, rounding in (("add_nearest", "nearest"), ("add_oyama", "oyama")):
+        ref = b.copy()
+        kernels.fp8_sum(a, ref, rounding)
+        got = k(name, a, b)
+        nan = numpy.isnan(fp8.decode(ref))
+        assert numpy.array_equal(numpy.isnan(fp8.decode(got)), nan), name
+        assert numpy.array_equal(got[~nan], ref[~nan]), name
+    rng = numpy.random.default_rng(21)
+    ha = numpy.concatenate([numpy.arange(65536), rng.integers(0, 65536, 400_000),
+                            numpy.full(4, 0x7BFF)]).astype(numpy.uint16)
+    hb = numpy.concatenate([rng.integers(0, 65536, 65536 + 400_000),
+                            numpy.array([0x7BFF, 0x7BFE, 0xFBFF, 0x0001])]).astype(numpy.uint16)
+    ref = hb.copy()
+    kernels.half_sum(ha, ref)
+    got = k("half_add", ha, hb)
+    nan = numpy.isnan(ref.view(numpy.float16))
+    assert numpy.array_equal(numpy.isnan(got.view(numpy.float16)), nan)
+    assert numpy.array_equal(got[~nan], ref[~nan])
+    assert got[-4] == 0x7BFF                            # 65504 + 65504 saturates
+    tiny = numpy.float32([1e-45, -1e-45, 3e-39, -2.9e-39, 1.1754942e-38, 0.0, -0.0])
+    fa = numpy.concatenate([random_float32(300_000, 22), tiny, tiny,
+                            numpy.float32([numpy.inf, -numpy.inf, 3e38])])
+    fb = numpy.concatenate([random_float32(300_000, 23), tiny[::-1], -tiny,
+                            numpy.float32([1.0, 1.0, 3e38])])
+    with numpy.errstate(over="ignore"):
+        ref = fa + fb
+    got = k("float_add", fa, fb)
+    nan = numpy.isnan(ref)
+    assert numpy.array_equal(numpy.isnan(got), nan)
+    assert numpy.array_equal(got[~nan].view(numpy.uint32), ref[~nan].view(numpy.uint32))
 
 
 @pytest.mark.gpu

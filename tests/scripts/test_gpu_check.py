@@ -65,6 +65,11 @@ def test_exchange_figures_from_timing_logs(tmp_path):
     assert overlap == pytest.approx((0.53 - 0.45) / (0.53 - 0.41))
     _, no_cost = gpu_check.exchange_figures(sync, asyn, write("m", [9.0, 9.0, 0.6, 0.6, 0.6], 0.0))
     assert no_cost != no_cost                                     # NaN: nothing to hide
+    # the device stage against host staging: the same medians of the slower rank
+    host = write("h", [9.0, 9.0, 1.00, 1.05, 1.10], 0.2)          # slower rank: 1.01 1.06 1.11
+    assert gpu_check.staging_figure(sync, host) == (
+        "fp8 sync, intra-node stage on the GPUs 530.0 ms vs staged through host memory "
+        "1060.0 ms (0.50x)")
 
 
 def test_a_step_past_its_limit_is_killed(tmp_path):
@@ -98,7 +103,8 @@ def test_budget_and_table(monkeypatch, tmp_path, capsys):
         ("peer_bench tf32 on", step(45)), ("2-process exchange", step(1)),
         ("solver_benchmark", step(1))])
     assert gpu_check.main(["--budget", "200", "--out", str(tmp_path)]) == 1
-    assert limits == [170, 100, 50]                 # then 5 s left: the last two are skipped
+    # then 5 s left: the last two are skipped
+    assert limits == [gpu_check.LIMITS["gpu tests"], 100, 50]
     out = capsys.readouterr().out
     assert "error: RuntimeError: boom" in out and out.count("skipped (budget spent)") == 2
 

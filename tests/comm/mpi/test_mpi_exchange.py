@@ -19,6 +19,14 @@ def test_hierarchical_fp8_sum_equals_ml_dtypes_simulation(mpirun, ranks, ppn):
     assert f"fp8 exact P={ranks} ppn={ppn}: OK" in mpirun("prog_fp8_exact.py", ranks, ppn)
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("ranks,ppn", [(2, 2), (4, 2)])
+def test_the_intra_node_stage_on_the_gpus_gives_the_host_bits(mpirun, ranks, ppn):
+    """comm/ipc.py's device arena against host staging, the same exchange (prog_device_stage);
+    the piece order without a GPU: prog_fp8_exact's "staged" arena."""
+    assert f"device stage P={ranks} ppn={ppn}: OK" in mpirun("prog_device_stage.py", ranks, ppn)
+
+
 @pytest.mark.parametrize("ranks,ppn", [(4, 2), (6, 3)])
 def test_every_algorithm_and_codec_returns_the_mean(mpirun, ranks, ppn):
     assert f"means P={ranks} ppn={ppn}: OK" in mpirun("prog_means.py", ranks, ppn)

@@ -1,0 +1,60 @@
+"""mpiexec -n P python prog_device_stage.py PPN        (needs a GPU: every rank uses device 0)
+
+The intra-node stage on the GPUs (comm/ipc.py): an exchange of a net on the GPU sums its buckets
+in the node's device arena (CUDA IPC; processes on one GPU share it as well) and gives the bits
+of the same exchange staged through host memory (``CAFFE8_IPC=0``), over 3 iterations on changing
+gradients, for fp8, fp16 and fp32, asynchronous and synchronous, through the hierarchical sum
+with PPN processes a node (the node's piece crosses nodes through its host mirror) and the
+one-node reduce-scatter (rsag); every rank ends with the same bytes.
+"""
+import os
+import sys
+
+import numpy
+
+from fakenet import FakeNet, iterate, make_tensors
+from rankutil import done, ranks_agree, start
+
+world = start()
+from caffe8.comm.config import parse_comm  # noqa: E402
+from caffe8.comm.exchange import Exchange  # noqa: E402
+from caffe8.engine import backend  # noqa: E402
+
+backend.use_gpu(0)
+cp = backend.cupy
+P, rank, ppn = world.size, world.rank, int(sys.argv[1])
+
+
+def run(codec, asynchronous, hierarchical, ipc):
+    os.environ["CAFFE8_IPC"] = "1" if ipc else "0"
+    net = FakeNet(*make_tensors(rank))
+    net.flat_diff, net.flat_data = cp.asarray(net.flat_diff), cp.asarray(net.flat_data)
+    text = (f'codec: "{codec}" async: {str(asynchronous).lower()} bucket_kb: 4 '
+            f'hierarchical: {str(hierarchical).lower()} processes_per_node: {ppn}')
+    ex = Exchange(world, parse_comm(text), net)
+    transport = ex.transports[ex._transport_of[codec]]
+    devices = [d for (name, _), (_, d) in ex.buffers.items() if name == codec]
+    summary = ex.shared_memory_summary()
+    assert devices and all(transport.on_device(d) for d in devices) == ipc, summary
+    assert ("CUDA IPC" in summary[0]) == ipc, summary
+    out = []
+    for step in range(3):
+        net.flat_diff[...] = cp.asarray(numpy.concatenate(make_tensors(rank, step=step)[0]))
+        iterate(ex, net)
+        cp.cuda.get_current_stream().synchronize()
+        out.append(cp.asnumpy(net.flat_diff))
+    ex.close()
+    return out
+
+
+for codec in ("fp8", "fp16", "fp32"):
+    for asynchronous in (True, False):
+        for hierarchical in (True, False):
+            where = f"{codec} async={asynchronous} hierarchical={hierarchical}"
+            host = run(codec, asynchronous, hierarchical, ipc=False)
+            device = run(codec, asynchronous, hierarchical, ipc=True)
+            for step, (h, d) in enumerate(zip(host, device)):
+                bad = numpy.flatnonzero(h.view(numpy.uint32) != d.view(numpy.uint32))
+                assert bad.size == 0, f"{where} step {step}: {bad.size} differ, first {bad[:5]}"
+                assert ranks_agree(world, d), f"{where} step {step}: ranks differ"
+done(world, f"device stage P={P} ppn={ppn}")
