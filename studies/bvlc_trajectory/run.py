@@ -86,11 +86,17 @@ def main(argv=None):
     ap.add_argument("--caffe", required=True, help="BVLC Caffe's tools/caffe binary")
     ap.add_argument("--out", default="runs/bvlc_trajectory")
     ap.add_argument("--steps", type=int, default=4)
+    ap.add_argument("--nets", default=None, help="comma-separated names (default: all)")
     args = ap.parse_args(argv)
     wiring.register_all()
     nets = {name: _without_dropout(build) for name, build in trajectory_nets.BLOCKS.items()}
     nets.update({f"{n}_family": _without_dropout(b) for n, b in trajectory_nets.FAMILIES.items()
                  if n != "recurrent"})    # GRU is caffe8's own; BVLC has no such layer
+    if args.nets:
+        unknown = sorted(set(args.nets.split(",")) - set(nets))
+        if unknown:
+            ap.error(f"--nets: unknown {', '.join(unknown)}; valid: {', '.join(nets)}")
+        nets = {name: nets[name] for name in args.nets.split(",")}
     rows = []
     for name, build in nets.items():
         rows += run_net(name, build, args.caffe, args.out, args.steps)

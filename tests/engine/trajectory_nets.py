@@ -1,5 +1,5 @@
 """Small nets for the trajectory oracle: one per family of layer configurations real nets use,
-and blocks built like ResNet, MobileNet, SqueezeNet and Inception. Each is ``(body, inputs,
+and blocks built like ResNet, MobileNet, SqueezeNet, Inception and DenseNet. Each is ``(body, inputs,
 make)``: the layers after the data, ``{top: shape}``, and a batch drawer (tests/engine/trajectory.py).
 Spatial sizes are chosen so that both of Convolution's layouts run: 24x24 outputs (576
 positions) take the per-image path, smaller ones the batch path (layers/conv.py)."""
@@ -224,7 +224,41 @@ def inception_block():
     return (body,) + _images(3, 24)
 
 
+def densenet_block():
+    """DenseNet-BC as shicai's DenseNet-121 prototxt writes it: each dense layer is BatchNorm +
+    Scale + ReLU into a new blob (its input also feeds the Concat: a split), 1x1 bottleneck
+    convolution, BatchNorm + Scale + ReLU, 3x3 convolution, then Concat of input and output; a
+    transition (BatchNorm + Scale + ReLU, 1x1, 2x2 average pooling); global average pooling and a
+    1x1 convolution as classifier."""
+    def bn_scale_relu(bottom, top):
+        return (f'layer {{ name: "{top}/bn" type: "BatchNorm" bottom: "{bottom}" top: "{top}" '
+                f'batch_norm_param {{ eps: 1e-5 }} }}\n'
+                f'layer {{ name: "{top}/scale" type: "Scale" bottom: "{top}" top: "{top}" '
+                f'scale_param {{ bias_term: true filler {{ type: "uniform" min: 0.5 max: 1.5 }} '
+                f'bias_filler {{ type: "uniform" min: -0.1 max: 0.1 }} }} }}\n' + _relu(top))
+
+    def dense(name, bottom):
+        return (bn_scale_relu(bottom, f"conv{name}/x1/bn")
+                + _conv(f"conv{name}/x1", f"conv{name}/x1/bn", f"conv{name}/x1", 8, 1, bias=False)
+                + bn_scale_relu(f"conv{name}/x1", f"conv{name}/x2/bn")
+                + _conv(f"conv{name}/x2", f"conv{name}/x2/bn", f"conv{name}/x2", 4, 3, pad=1,
+                        bias=False)
+                + f'layer {{ name: "concat_{name}" type: "Concat" bottom: "{bottom}" '
+                  f'bottom: "conv{name}/x2" top: "concat_{name}" }}\n')
+    body = (_conv("conv1", "data", "conv1", 8, 3, pad=1, bias=False) + _bn_scale("conv1")
+            + _relu("conv1") + dense("2_1", "conv1") + dense("2_2", "concat_2_1")
+            + bn_scale_relu("concat_2_2", "conv2_blk/bn")
+            + _conv("conv2_blk", "conv2_blk/bn", "conv2_blk", 8, 1, bias=False)
+            + _pool("pool2", "conv2_blk", "pool2", "AVE", 2, 2)
+            + dense("3_1", "pool2") + bn_scale_relu("concat_3_1", "conv5_blk/bn")
+            + _pool("pool5", "conv5_blk/bn", "pool5", "AVE", global_pool=True)
+            + _conv("fc6", "pool5", "fc6", 5, 1)
+            + 'layer { name: "loss" type: "SoftmaxWithLoss" bottom: "fc6" bottom: "label" '
+              'top: "loss" }\n')
+    return (body,) + _images(3, 24)
+
+
 FAMILIES = {"conv": conv_family, "pool": pool_family, "norm": norm_family,
             "recurrent": recurrent_family}
 BLOCKS = {"resnet": resnet_block, "mobilenet": mobilenet_block, "squeezenet": squeezenet_block,
-          "inception": inception_block}
+          "inception": inception_block, "densenet": densenet_block}
