@@ -334,7 +334,7 @@ class Exchange(SolverCallback):
         def line(t):
             if t.arena is None:
                 return f"message buffers ({t.shared_reason})"
-            where = "node-shared GPU wire buffers (CUDA IPC" if t.arena.on_device else \
+            where = "node-shared GPU wire buffers (CUDA IPC, " if t.arena.on_device else \
                 "node-shared wire buffers ("
             text = f"{where}{t.arena.segment / 2**20:.1f} MiB per process)"
             return text + (f"; {t.shared_reason}" if t.shared_reason else "")
