@@ -22,6 +22,7 @@ Environment: ``CAFFE8_CUDNN_LIBRARY`` (path of libcudnn.so.9, overriding the sea
 the candidates once per shape), ``CAFFE8_CUDNN_WORKSPACE_MB`` (largest workspace an algorithm
 may use, default 1024).
 """
+import collections
 import ctypes
 import glob
 import importlib.util
@@ -285,7 +286,13 @@ def retryable(error):
     return backend.is_out_of_memory(error)
 
 
+#: cuDNN functions called through :func:`call`, by name (scripts/peer_bench.py reports the
+#: calls per iteration: issue 30 counted 608 for GoogLeNet, half of them cudnnSetStream)
+CALLS = collections.Counter()
+
+
 def call(name, *args):
+    CALLS[name] += 1
     check(getattr(library(), name)(*args), name)
 
 

@@ -95,13 +95,17 @@ def pytest_counts(text):
 
 
 def peer_ratios(csv_path):
-    """'caffenet 0.93, googlenet 1.10, gru 0.87': caffe8 / PyTorch per net from peer_bench."""
+    """'caffenet 0.93 (262 cuDNN calls/it), gru 0.87': caffe8 / PyTorch per net from peer_bench,
+    with caffe8's cuDNN calls per iteration where the CSV has them."""
     import csv
     if not os.path.exists(csv_path):
         return "no CSV"
     with open(csv_path, newline="") as f:
         rows = [r for r in csv.DictReader(f) if r["side"] == "caffe8"]
-    return ", ".join(f"{r['net']} {float(r['ratio']):.2f}" for r in rows) or "no rows"
+
+    def calls(r):
+        return f" ({float(r['cudnn_calls']):.0f} cuDNN calls/it)" if r.get("cudnn_calls") else ""
+    return ", ".join(f"{r['net']} {float(r['ratio']):.2f}{calls(r)}" for r in rows) or "no rows"
 
 
 def exchange_figures(sync_logs, async_logs, none_logs, skip=2):

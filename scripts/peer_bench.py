@@ -26,7 +26,8 @@ both sides alike. Both sides use ``--threads`` threads (caffe8's OpenBLAS and Nu
 OPENBLAS_NUM_THREADS, set before either loads; ``torch.set_num_threads``). PyTorch is imported only in its worker and
 only if installed; without it the script says so and exits with status 2.
 CSV columns: net, batch, device, side, forward_ms, backward_ms, total_ms, ratio (caffe8 total /
-PyTorch total, on the caffe8 row).
+PyTorch total, on the caffe8 row), cudnn_calls (caffe8's cuDNN calls per iteration,
+``layers.cudnn.CALLS``; on the caffe8 row).
 """
 import argparse
 import csv
@@ -43,7 +44,8 @@ PROTOTXT = {"lenet": "prototxt/lenet/train_val.prototxt",
             "googlenet": "prototxt/googlenet/train_val.prototxt",
             "gru": "prototxt/gru/gru_benchmark.prototxt"}
 INPUT_SHAPE = {"lenet": (1, 28, 28), "caffenet": (3, 227, 227), "googlenet": (3, 224, 224)}
-COLUMNS = ["net", "batch", "device", "side", "forward_ms", "backward_ms", "total_ms", "ratio"]
+COLUMNS = ["net", "batch", "device", "side", "forward_ms", "backward_ms", "total_ms", "ratio",
+           "cudnn_calls"]
 #: wall: what a user waits; cpu: CPU seconds of the whole process (all its threads), which
 #: leaves out time spent descheduled by other load (on a busy machine, with --threads 1, it
 #: approximates the wall time of an idle one; with more threads it also counts busy-waiting)
@@ -277,11 +279,14 @@ def _worker(side, name, batch, gpu, clock_name, conn):
         runner.step()                    # warm-up (allocator, oneDNN primitives)
     batch_size = net.blobs[net.top_names[0][0]].shape[1 if name == "gru" else 0]
     conn.send(("ready", batch_size))
+    from caffe8.layers import cudnn
     while True:
         n = conn.recv()
         if n is None:
             return
-        conn.send([runner.step() for _ in range(n)])
+        before = sum(cudnn.CALLS.values())
+        steps = [runner.step() for _ in range(n)]
+        conn.send((steps, (sum(cudnn.CALLS.values()) - before) / n))
 
 
 def bench_one(name, batch, args, log):
@@ -297,11 +302,13 @@ def bench_one(name, batch, args, log):
     try:
         sizes = {side: _expect_ready(side, conn) for side, (_, conn) in workers.items()}
         times = {"caffe8": [], "pytorch": []}
+        calls = 0.0
         for r in range(args.rounds):
             for side, (_, conn) in workers.items():
                 time.sleep(0.2)          # the idle side's BLAS / OpenMP threads stop spinning
                 conn.send(args.iters)
-                steps = conn.recv()
+                steps, side_calls = conn.recv()
+                calls = side_calls if side == "caffe8" else calls
                 times[side].append((sum(f for f, _ in steps) * 1000 / len(steps),
                                     sum(b for _, b in steps) * 1000 / len(steps)))
             log(f"  round {r + 1}: caffe8 {sum(times['caffe8'][-1]):.1f} ms, "
@@ -321,8 +328,9 @@ def bench_one(name, batch, args, log):
                      "forward_ms": round(statistics.median(t[0] for t in times[side]), 3),
                      "backward_ms": round(statistics.median(t[1] for t in times[side]), 3),
                      "total_ms": round(statistics.median(sum(t) for t in times[side]), 3),
-                     "ratio": ""})
+                     "ratio": "", "cudnn_calls": ""})
     rows[0]["ratio"] = round(rows[0]["total_ms"] / rows[1]["total_ms"], 3)
+    rows[0]["cudnn_calls"] = round(calls, 1)
     return rows
 
 

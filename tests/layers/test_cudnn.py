@@ -287,6 +287,23 @@ def test_the_handle_is_bound_once_per_stream_change_not_per_call(fake_cudnn, mon
     assert len(fake_cudnn.launches) == 5 * launches // 2   # five runs, one binding each
 
 
+def test_calls_are_counted_by_name(fake_cudnn):
+    """layers.cudnn.CALLS (peer_bench's cuDNN calls per iteration) counts every call made, by
+    name: a run's compute calls each time, the one stream binding once."""
+    layers = _cudnn_layers()
+    _run(layers)
+    cudnn.CALLS.clear()
+    before = len(fake_cudnn.launches)
+    _run(layers)
+    launched = len(fake_cudnn.launches) - before
+    computing = {"cudnnConvolutionForward", "cudnnConvolutionBackwardData",
+                 "cudnnConvolutionBackwardFilter", "cudnnConvolutionBackwardBias",
+                 "cudnnAddTensor", "cudnnPoolingForward", "cudnnPoolingBackward",
+                 "cudnnLRNCrossChannelForward", "cudnnLRNCrossChannelBackward"}
+    assert launched > 0 and sum(cudnn.CALLS[name] for name in computing) == launched
+    assert cudnn.CALLS["cudnnSetStream"] == 0           # bound in the first run, not again
+
+
 def test_a_failed_binding_is_retried_on_the_next_call(fake_cudnn, monkeypatch):
     statuses = iter([4000, 0])                      # CUDNN_STATUS_INTERNAL_ERROR, then success
     bind = fake_cudnn.cudnnSetStream

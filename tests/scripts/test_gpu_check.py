@@ -36,6 +36,10 @@ def test_pytest_summary_and_peer_ratios(tmp_path):
                         "caffenet,256,cuda,pytorch,1,2,3.2,\n"
                         "gru,64,cuda,caffe8,1,1,2,1.25\ngru,64,cuda,pytorch,1,0.6,1.6,\n")
     assert gpu_check.peer_ratios(str(csv_path)) == "caffenet 0.93, gru 1.25"
+    csv_path.write_text("net,batch,device,side,forward_ms,backward_ms,total_ms,ratio,cudnn_calls\n"
+                        "googlenet,128,cuda,caffe8,1,2,3,0.934,304.0\n"
+                        "googlenet,128,cuda,pytorch,1,2,3.2,,\n")
+    assert gpu_check.peer_ratios(str(csv_path)) == "googlenet 0.93 (304 cuDNN calls/it)"
     assert gpu_check.peer_ratios(str(tmp_path / "none.csv")) == "no CSV"
 
 

@@ -79,4 +79,5 @@ def test_one_round_on_lenet_writes_the_csv(tmp_path):
         assert f > 0 and b > 0 and t == pytest.approx(f + b, abs=2e-3)  # three roundings to 1e-3
     assert float(rows[0]["ratio"]) == pytest.approx(
         float(rows[0]["total_ms"]) / float(rows[1]["total_ms"]), rel=1e-2)
-    assert rows[1]["ratio"] == ""
+    assert rows[1]["ratio"] == "" and rows[1]["cudnn_calls"] == ""
+    assert float(rows[0]["cudnn_calls"]) == 0.0          # on the CPU no cuDNN call is made
