@@ -114,6 +114,16 @@ def _plan(layer, x_shape, dtype):
     return plan
 
 
+def chosen_algorithms(layer):
+    """``{operation: (algo, workspace bytes, math type)}`` the cuDNN plans of ``layer`` (a
+    Convolution or Deconvolution layer) run with: what a profile prints beside each layer's time
+    (scripts/peer_bench.py --profile --layers); empty before its first cuDNN run."""
+    out = {}
+    for plan in _plans.get(layer, {}).values():
+        out.update(plan.chosen)
+    return out
+
+
 def _run(op, plan, buffers, *args):
     """Run op with the best candidate; one that fails as not supported or out of memory (before
     writing anything) is dropped and the next one runs (``cudnn.retryable``)."""

@@ -37,6 +37,12 @@ With a CUDA GPU (CuPy working) it runs, each step under its own time limit:
 
 then prints one summary table. Without a GPU it prints one line saying so and exits 0. The
 exit status is 1 when a step failed, else 0.
+
+One more step runs only when named (``--only 'tf32 layers'``, about 2 minutes): GoogLeNet b128's
+per-layer profile (``peer_bench --gpu --profile --layers``) with TF32 off, on, and on with
+cuDNN's find instead of its heuristic (``CAFFE8_CUDNN_ALGO=find``); the layers whose forward
+TF32 slows most, with their times in the three runs and the algorithms cuDNN was asked for
+(issue 30's TF32 anomaly: GoogLeNet's forward 23.7 -> 30.8 ms with TF32).
 """
 import argparse
 import importlib.util
@@ -54,7 +60,12 @@ if __package__ in (None, ""):          # run as a file: the repository root is n
 SOLVER = os.path.join(REPO, "prototxt", "gru", "solver_benchmark.prototxt")
 #: seconds each step may take at most (the whole check stays under --budget)
 LIMITS = {"gpu tests": 160, "peer_bench tf32 off": 110, "peer_bench tf32 on": 110,
-          "2-process exchange": 115, "solver_benchmark": 45}
+          "2-process exchange": 115, "solver_benchmark": 45, "tf32 layers": 150}
+#: steps that run only when --only names them
+OPTIONAL = {"tf32 layers"}
+#: runs of the TF32 study: name -> environment
+TF32_RUNS = {"off": {"CAFFE8_TF32": "0"}, "on": {"CAFFE8_TF32": "1"},
+             "on, find": {"CAFFE8_TF32": "1", "CAFFE8_CUDNN_ALGO": "find"}}
 
 
 def gpu_absent_reason():
@@ -156,6 +167,53 @@ def staging_figure(device_logs, host_logs, skip=2):
             f"host memory {host * 1e3:.1f} ms ({device / host:.2f}x)")
 
 
+_PROFILE_LINE = re.compile(r"^  (\S+)\s+(\S+)\s+(-?[\d.]+)\s+(-?[\d.]+)(?:\s+(\S.*))?$")
+
+
+def profile_layers(text):
+    """{layer: (forward ms, backward ms, algorithms text)} from ``peer_bench --profile --layers``
+    output (its per-type summary lines end the per-layer ones)."""
+    layers = {}
+    for line in text.splitlines():
+        if line.startswith("  type "):
+            break
+        m = _PROFILE_LINE.match(line)
+        if m:
+            layers[m.group(1)] = (float(m.group(3)), float(m.group(4)), m.group(5) or "")
+    return layers
+
+
+def tf32_layer_figures(profiles, top=5):
+    """The ``top`` layers whose forward TF32 slows most ("off" vs "on" in ``profiles``, a
+    {run: profile_layers(...)}), each with its forward ms in every run and the algorithms of
+    the "on" run; and the forward totals of each run."""
+    off, on = profiles["off"], profiles["on"]
+    common = [name for name in on if name in off]
+    worst = sorted(common, key=lambda n: off[n][0] - on[n][0])[:top]
+    totals = ", ".join(f"{run} {sum(f for f, _, _ in p.values()):.1f}"
+                       for run, p in profiles.items())
+    rows = [f"{name} " + "/".join(f"{p[name][0]:.2f}" if name in p else "-"
+                                  for p in profiles.values())
+            + (f" [{on[name][2]}]" if on[name][2] else "") for name in worst]
+    return f"forward ms ({'/'.join(profiles)}): total {totals}; slowed most: " + "; ".join(rows)
+
+
+def tf32_layers_step(out, limit):
+    """The optional TF32 study (module docstring)."""
+    profiles, seconds = {}, 0.0
+    for k, (run, env) in enumerate(TF32_RUNS.items()):
+        cmd = [sys.executable, "-m", "scripts.peer_bench", "--gpu", "--profile", "--layers",
+               "--nets", "googlenet", "--iters", "5"]
+        log = os.path.join(out, f"tf32_layers_{run.replace(', ', '_')}.log")
+        status, t, text = run_step(cmd, max((limit - seconds) / (len(TF32_RUNS) - k), 10),
+                                   log, env)
+        seconds += t
+        if status != "ok":
+            return status, seconds, f"TF32 {run}: see {log}"
+        profiles[run] = profile_layers(text)
+    return "ok", seconds, tf32_layer_figures(profiles)
+
+
 def _batch():
     """The GRU benchmark's own batch size (the runs keep it)."""
     from scripts import _runs
@@ -232,14 +290,16 @@ def steps(args):
     return [("gpu tests", pytest_step), ("peer_bench tf32 off", peer_step("off")),
             ("peer_bench tf32 on", peer_step("on")),
             ("2-process exchange", lambda limit: exchange_step(args.out, limit)),
-            ("solver_benchmark", lambda limit: solver_step(args.out, limit))]
+            ("solver_benchmark", lambda limit: solver_step(args.out, limit)),
+            ("tf32 layers", lambda limit: tf32_layers_step(args.out, limit))]
 
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", default=os.path.join(REPO, "runs", "gpu_check"))
     p.add_argument("--budget", type=float, default=540.0, help="seconds for the whole check")
-    p.add_argument("--only", default="", help="comma-separated steps to run (default: all): "
+    p.add_argument("--only", default="", help="comma-separated steps to run (default: all but "
+                   "the optional " + ", ".join(f"'{n}'" for n in sorted(OPTIONAL)) + "): "
                    + ", ".join(f"'{name}'" for name in LIMITS))
     args = p.parse_args(argv)
     only = [name.strip() for name in args.only.split(",") if name.strip()]
@@ -253,7 +313,7 @@ def main(argv=None):
     os.makedirs(args.out, exist_ok=True)
     start, table = time.monotonic(), []
     for name, step in steps(args):
-        if only and name not in only:
+        if (only and name not in only) or (not only and name in OPTIONAL):
             continue
         left = args.budget - (time.monotonic() - start)
         limit = min(LIMITS[name], left)

@@ -365,6 +365,7 @@ def profile(args):
     from caffe8.engine import backend
     from caffe8.engine.net import Net
     from caffe8 import layers  # noqa: F401
+    from caffe8.layers.cudnn_conv import chosen_algorithms
     clock = CLOCKS[args.clock]
     if args.gpu:
         backend.use_gpu(0)
@@ -402,8 +403,11 @@ def profile(args):
         by_type = {}
         for i, layer in enumerate(net.layers):
             f, b = fwd[i] * scale, bwd[i] * scale
-            if args.layers:
-                print(f"  {layer.name:28s} {layer.type:16s} {f:9.2f} {b:9.2f}")
+            if args.layers:          # cuDNN's algorithms: operation=algo/math type
+                algos = " ".join(f"{op}={a}/m{m}"
+                                 for op, (a, _, m) in sorted(chosen_algorithms(layer).items()))
+                print(f"  {layer.name:28s} {layer.type:16s} {f:9.2f} {b:9.2f}"
+                      + (f"  {algos}" if algos else ""))
             t = by_type.setdefault(layer.type, [0.0, 0.0])
             t[0] += f
             t[1] += b

@@ -121,3 +121,44 @@ def test_the_runs_prototxts_are_written_from_solver_benchmark(tmp_path):
     sp = parse_file(solver, type_name="SolverParameter")
     assert sp.max_iter == 12 and getattr(sp.comm, "async") is True
     assert os.path.exists(sp.net)
+
+
+def test_the_tf32_study_reads_peer_bench_profiles(tmp_path):
+    """profile_layers parses peer_bench's real --profile --layers output (here LeNet on the
+    CPU, no algorithms); tf32_layer_figures names the layers TF32 slows most, with each run's
+    forward time and the TF32 run's algorithms."""
+    proc = subprocess.run([sys.executable, "-m", "scripts.peer_bench", "--profile", "--layers",
+                           "--nets", "lenet", "--batch", "lenet=2", "--iters", "1",
+                           "--threads", "1"], cwd=gpu_check.REPO, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    layers = gpu_check.profile_layers(proc.stdout)
+    assert {"conv1", "pool1", "conv2", "ip1", "ip2", "loss"} <= set(layers)
+    assert all(f >= 0 and b >= 0 and algos == "" for f, b, algos in layers.values())
+    row = "  {:28s} {:16s} {:9.2f} {:9.2f}{}"
+    def text(times):
+        return "\n".join(row.format(n, "Convolution", f, 1.0, tail)
+                         for n, (f, tail) in times.items()) + "\n  type  forward backward\n"
+    profiles = {"off": gpu_check.profile_layers(text({"a": (1.0, ""), "b": (2.0, ""),
+                                                      "c": (3.0, "")})),
+                "on": gpu_check.profile_layers(text({"a": (1.1, "  forward=1/m1"),
+                                                     "b": (4.0, "  forward=7/m1 backward_data=1/m1"),
+                                                     "c": (2.0, "")})),
+                "on, find": gpu_check.profile_layers(text({"a": (1.0, ""), "b": (2.1, ""),
+                                                           "c": (2.0, "")}))}
+    assert gpu_check.tf32_layer_figures(profiles, top=2) == (
+        "forward ms (off/on/on, find): total off 6.0, on 7.1, on, find 5.1; slowed most: "
+        "b 2.00/4.00/2.10 [forward=7/m1 backward_data=1/m1]; a 1.00/1.10/1.00 [forward=1/m1]")
+
+
+def test_optional_steps_run_only_when_named(monkeypatch, tmp_path):
+    monkeypatch.setattr(gpu_check, "gpu_absent_reason", lambda: None)
+    ran = []
+    monkeypatch.setattr(gpu_check, "steps", lambda args: [
+        (name, lambda limit, name=name: ran.append(name) or ("ok", 0.0, ""))
+        for name in gpu_check.LIMITS])
+    assert gpu_check.main(["--out", str(tmp_path)]) == 0
+    assert ran == [n for n in gpu_check.LIMITS if n not in gpu_check.OPTIONAL]
+    ran.clear()
+    assert gpu_check.main(["--out", str(tmp_path), "--only", "tf32 layers"]) == 0
+    assert ran == ["tf32 layers"]
