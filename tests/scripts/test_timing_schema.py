@@ -68,9 +68,11 @@ def _check_semantics(rec):
     assert measured <= rec["wall"] + 1e-6
     assert split["Other"] == pytest.approx(rec["wall"] - measured, abs=1e-9)
     emu = layers[2]
-    assert emu["forward"] >= EMULATED_MS[0] / 1e3 and emu["backward"] >= EMULATED_MS[1] / 1e3
-    # the sleeping layer dominates this net, so most of ForwardBackward is its share
-    assert (emu["forward"] + emu["backward"]) / split["ForwardBackward"] > 0.5
+    # the sleeping layer's own times hold its sleeps (and not, say, the next layer's time: a
+    # second is far beyond any scheduling delay; a share of ForwardBackward is not, on a
+    # loaded machine the other layers' times grow)
+    assert EMULATED_MS[0] / 1e3 <= emu["forward"] < EMULATED_MS[0] / 1e3 + 1.0
+    assert EMULATED_MS[1] / 1e3 <= emu["backward"] < EMULATED_MS[1] / 1e3 + 1.0
 
 
 def test_single_process_records_validate(validator, single_log):
