@@ -65,7 +65,7 @@ from caffe8.comm.collective import BLOCKING, bit_identical, max_over
 from caffe8.comm.codecs import Tensor, create_codec
 from caffe8.comm.config import transport_name
 from caffe8.comm.ops import padded_length
-from caffe8.comm.ipc import ALIGN as DEVICE_ALIGN
+from caffe8.comm.ipc import ALIGN as DEVICE_ALIGN, D2H, H2D, copy_async
 from caffe8.comm.shm import ALIGN
 
 
@@ -311,6 +311,7 @@ class Exchange(SolverCallback):
         if self.warmup_fp32_iters > 0 and self.fp32.name != self.codec.name:
             codecs.append(self.fp32)
         buffers = {}
+        self._on_device = set()     # (codec name, bucket) whose buffers lie in the device arena
         xp = backend.get_array_module(self.net.flat_diff)
         for codec in codecs:
             if codec.reduction != "sum":
@@ -325,6 +326,8 @@ class Exchange(SolverCallback):
                 if device is None:
                     device = xp.zeros(length, codec.wire.dtype) if self.gpu else host
                 buffers[(codec.name, b)] = (host, device)
+                if self.gpu and transport.on_device(device):
+                    self._on_device.add((codec.name, b))
         if self.gpu:
             self._ready = self.clock.mark(backend.cupy.cuda.get_current_stream())
         return buffers
@@ -438,8 +441,9 @@ class Exchange(SolverCallback):
         at, host, wire, on_device = 0, None, None, False
         if codec.reduction == "sum":
             at, n = self._offset[key], sl.stop - sl.start
-            host, device = self.bucket_buffer(self._bucket_of[layer], codec)
-            on_device = self.gpu and transport.on_device(device)
+            b = self._bucket_of[layer]
+            host, device = self.bucket_buffer(b, codec)
+            on_device = (codec.name, b) in self._on_device
             host, wire = host[at:at + n], device[at:at + n]
         tensor = Tensor(key, self.net.flat_data[sl], self.iteration, self.world.size,
                         transport.stages, wire)
@@ -505,7 +509,7 @@ class Exchange(SolverCallback):
             if host is None or host.size < n or host.dtype != payload.dtype:
                 host = self._gather_hosts[key] = backend.host_buffer(max(n, 1), payload.dtype)
             trip.host = host
-        _copy_async(trip.host.ctypes.data, payload.data.ptr, payload.nbytes, _D2H, stream)
+        copy_async(trip.host.ctypes.data, payload.data.ptr, payload.nbytes, D2H, stream)
 
     def _transfer(self, future):
         """The communication thread's steps (every MPI call, so always this one thread): the
@@ -582,8 +586,8 @@ class Exchange(SolverCallback):
                 if trip.on_device:
                     pass                        # the sum is already in the device buffer
                 elif trip.codec.reduction == "sum":
-                    _copy_async(trip.wire.data.ptr, trip.host.ctypes.data, trip.host.nbytes,
-                                _H2D, future.stream)
+                    copy_async(trip.wire.data.ptr, trip.host.ctypes.data, trip.host.nbytes,
+                               H2D, future.stream)
                     trip.reduced = trip.wire
                 else:
                     trip.reduced = [backend.cupy.asarray(row) for row in trip.reduced]
@@ -729,15 +733,6 @@ class Exchange(SolverCallback):
         for transport in self.transports.values():
             transport.free()
 
-
-_H2D, _D2H = 1, 2       # cudaMemcpyHostToDevice, cudaMemcpyDeviceToHost
-
-
-def _copy_async(dst, src, nbytes, kind, stream):
-    """cudaMemcpyAsync on ``stream``: asynchronous to the host because the host side is pinned
-    (backend.host_buffer), ordered with the encode before it and the decode after it."""
-    if nbytes:
-        backend.cupy.cuda.runtime.memcpyAsync(dst, src, nbytes, kind, stream.ptr)
 
 
 class _on:

@@ -30,11 +30,12 @@ import numpy
 from caffe8.comm import fp8, ops
 from caffe8.comm.collective import Scratch, collective
 from caffe8.comm.mpi import mpi_module
+from caffe8.comm.shm import round_up
 from caffe8.engine import backend
 
 ALIGN = 256                 # bytes: every buffer starts where cudaMalloc's own alignment would
 CLOSE_TIMEOUT = 30.0        # seconds the close waits for the node before leaving its memory be
-_H2D, _D2H, _DEFAULT = 1, 2, 4      # cudaMemcpyKind
+H2D, D2H, DEFAULT = 1, 2, 4         # cudaMemcpyKind (DEFAULT: any pair, unified addressing)
 
 #: host sum (comm.ops) -> its device twin in comm.fp8's CUDA kernels
 _DEVICE_SUMS = {ops.fp8_local_sum: "add_nearest", ops.fp8_oyama_local_sum: "add_oyama",
@@ -52,8 +53,11 @@ def device_sum(local_sum):
     return lambda src, dst: kernel(src, dst, dst)
 
 
-def _round_up(n, to):
-    return (n + to - 1) // to * to
+def copy_async(dst, src, nbytes, kind, stream):
+    """cudaMemcpyAsync of ``nbytes`` from address ``src`` to ``dst`` on ``stream``
+    (asynchronous to the host where the host side is pinned: backend.host_buffer)."""
+    if nbytes:
+        backend.cupy.cuda.runtime.memcpyAsync(dst, src, nbytes, kind, stream.ptr)
 
 
 class DeviceArena:
@@ -78,7 +82,7 @@ class DeviceArena:
         """Collective over ``comm`` (one node's processes): an arena with ``nbytes`` per process,
         or ``(None, reason)`` on every process when device memory cannot be shared."""
         size, rank = comm.Get_size(), comm.Get_rank()
-        segment = _round_up(max(int(nbytes), 1), ALIGN)
+        segment = round_up(max(int(nbytes), 1), ALIGN)
         cp = backend.cupy
         own = handle = reason = None
         if cp is None or not backend.on_gpu():
@@ -122,7 +126,7 @@ class DeviceArena:
     def alloc(self, length, dtype):
         """A zeroed buffer of ``length`` items in this process's segment, or None when full."""
         nbytes = int(length) * numpy.dtype(dtype).itemsize
-        start = _round_up(self._next, ALIGN)
+        start = round_up(self._next, ALIGN)
         if self._pointers is None or start + nbytes > self.segment:
             return None
         self._next = start + nbytes
@@ -167,21 +171,18 @@ class DeviceArena:
 
     def copy(self, dst, src):
         """dst <- src (contiguous device arrays, any of the node's GPUs) on this arena's stream."""
-        backend.cupy.cuda.runtime.memcpyAsync(dst.data.ptr, src.data.ptr, src.nbytes, _DEFAULT,
-                                              self.stream.ptr)
+        copy_async(dst.data.ptr, src.data.ptr, src.nbytes, DEFAULT, self.stream)
 
     def stage(self, piece, host_piece):
         """The node's partial sum ``piece`` copied into ``host_piece`` (pinned host memory),
         waited for; returns ``host_piece`` for the inter-node stage."""
-        backend.cupy.cuda.runtime.memcpyAsync(host_piece.ctypes.data, piece.data.ptr,
-                                              piece.nbytes, _D2H, self.stream.ptr)
+        copy_async(host_piece.ctypes.data, piece.data.ptr, piece.nbytes, D2H, self.stream)
         self.stream.synchronize()
         return host_piece
 
     def unstage(self, piece, staged):
         """The inter-node stage's result back into ``piece`` (complete at the next barrier)."""
-        backend.cupy.cuda.runtime.memcpyAsync(piece.data.ptr, staged.ctypes.data, piece.nbytes,
-                                              _H2D, self.stream.ptr)
+        copy_async(piece.data.ptr, staged.ctypes.data, piece.nbytes, H2D, self.stream)
 
     def close(self):
         """Close the other processes' segments; free the own one once every process of the

@@ -50,7 +50,7 @@ CONTROL = 64        # bytes at the start of each segment: the process's barrier 
 FUTEX = 8           # in the first segment, at this offset, the node's futex word)
 
 
-def _round_up(n, to):
+def round_up(n, to):
     return (n + to - 1) // to * to
 
 
@@ -85,7 +85,7 @@ class SharedArena:
         """Collective over ``comm`` (one node's processes): an arena with ``nbytes`` per
         process, or ``(None, reason)`` on every process when shared memory is not to be had."""
         size, rank = comm.Get_size(), comm.Get_rank()
-        segment = _round_up(CONTROL + max(int(nbytes), 1), mmap.PAGESIZE)
+        segment = round_up(CONTROL + max(int(nbytes), 1), mmap.PAGESIZE)
         total = segment * size
         path = reason = None
         fd = -1
@@ -155,7 +155,7 @@ class SharedArena:
     def alloc(self, length, dtype):
         """A zeroed buffer of ``length`` items in this process's segment, or None when full."""
         nbytes = int(length) * numpy.dtype(dtype).itemsize
-        start = _round_up(self._next, ALIGN)
+        start = round_up(self._next, ALIGN)
         if start + nbytes > self.segment:
             return None
         self._next = start + nbytes

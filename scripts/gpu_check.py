@@ -126,11 +126,7 @@ def exchange_figures(sync_logs, async_logs, none_logs, skip=2):
     run is not slower than the one without an exchange), and each layer's median D2H/H2D of the
     synchronous run."""
     from caffe8.engine.timing import overlap as overlap_of
-
-    def records(paths):
-        return _records(paths, skip)
-
-    sync = records(sync_logs)
+    sync = _records(sync_logs, skip)
     layers = {}
     for r in sync:
         for rec in r["layers"]:
@@ -140,7 +136,8 @@ def exchange_figures(sync_logs, async_logs, none_logs, skip=2):
         f"{name} {statistics.median(d for d, _ in v) * 1e3:.3f}/"
         f"{statistics.median(h for _, h in v) * 1e3:.3f} ms" for name, v in layers.items())
     try:
-        overlap = overlap_of(_wall(sync), _wall(records(async_logs)), _wall(records(none_logs)))
+        overlap = overlap_of(_wall(sync), _wall(_records(async_logs, skip)),
+                             _wall(_records(none_logs, skip)))
     except ValueError:
         overlap = float("nan")
     return per_layer or "no D2H/H2D recorded", overlap
