@@ -42,12 +42,12 @@ one) and ``static_graph``.
 torch is optional for caffe8: ``import caffe8`` never imports it, and without it this module
 raises one ImportError that says how to install it.
 """
+import atexit
 import collections
 import contextlib
 import queue
 import threading
-
-import numpy
+import weakref
 
 try:
     import torch
@@ -244,15 +244,24 @@ class Fp8State:
             self._queue = queue.Queue()
             self._thread = threading.Thread(target=self._serve, name="caffe8-ddp", daemon=True)
             self._thread.start()
+            _RUNNING.add(self)
         self._queue.put(_Job(bucket.index(), buf, tensors, iteration, event, future))
         return future
 
-    def close(self):
-        """End the hook's thread (after the buckets already queued)."""
-        if self._thread is not None:
+    def close(self, timeout=None):
+        """End the hook's thread (after the buckets already queued), waiting at most ``timeout``
+        seconds (None: until it ends). Call it on every process before
+        ``torch.distributed.destroy_process_group()``; a state left running is closed when the
+        interpreter exits (see :func:`_at_exit`). Returns True when no thread is left."""
+        thread = self._thread
+        if thread is not None:
             self._queue.put(None)
-            self._thread.join()
+            thread.join(timeout)
+            if thread.is_alive():
+                return False
             self._thread = None
+            _RUNNING.discard(self)
+        return True
 
     # --- the exchange (the state's thread) --------------------------------------------------
     def _serve(self):
@@ -388,6 +397,22 @@ _AHEAD = 2
 #: communicators made for one state, kept for the next of the same ranks: a process makes each
 #: once however many states it builds (tests, a model re-wrapped), as every process must
 _MADE = {}
+#: the states whose thread runs
+_RUNNING = weakref.WeakSet()
+#: seconds the exit waits for a state's thread, then leaves it (a peer gone mid-exchange must not
+#: hang the exit)
+_EXIT_WAIT = 10.0
+
+
+@atexit.register
+def _at_exit():
+    """End the states' threads and drop the hook's communicators while the interpreter is whole.
+    Left to the interpreter's teardown, a communicator (its gloo threads, the tensors its works
+    held) is destroyed after Python stopped running threads, and the process can abort at exit
+    ("terminate called without an active exception") after a training that went right."""
+    for state in list(_RUNNING):
+        state.close(_EXIT_WAIT)
+    _MADE.clear()
 
 
 def _communicators(key, make):

@@ -263,8 +263,8 @@ def main(argv=None):
     batch = args.batch or max(1, 64 // size)
     torch.manual_seed(args.seed)                     # the same initial weights on every rank
     model = DDP(build())
-    register_hook(model, args.hook, args.processes_per_node, args.powersgd_rank,
-                  args.powersgd_start)
+    state = register_hook(model, args.hook, args.processes_per_node, args.powersgd_rank,
+                          args.powersgd_start)
     opt, schedule = recipe(model, args.iterations)
     order, epoch, at = None, 0, 0
     rows, start, loss = [], time.perf_counter(), float("nan")
@@ -295,6 +295,8 @@ def main(argv=None):
                 w = csv.writer(f)
                 w.writerow(("iteration", "accuracy", "loss", "seconds"))
                 w.writerows(rows)
+    if hasattr(state, "close"):          # caffe8's hook: its thread ends before the groups do
+        state.close()
     dist.destroy_process_group()
     return 0
 

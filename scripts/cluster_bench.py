@@ -187,8 +187,9 @@ def ddp_worker(args):
         x = torch.zeros(1)
         forward = lambda m: m(x)  # noqa: E731
     model = DDP(net) if size > 1 else net
+    state = None
     if size > 1:
-        register_ddp_hook(model, parse_variant(args.variant)[1], args.ppn)
+        state = register_ddp_hook(model, parse_variant(args.variant)[1], args.ppn)
     opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum,
                           weight_decay=weight_decay)
     walls, starts = [], []
@@ -205,6 +206,8 @@ def ddp_worker(args):
         print("DDP-RESULT " + json.dumps({"walls": [max(w) for w in zip(*gathered)],
                                           "starts": starts}), flush=True)
     if size > 1:
+        if hasattr(state, "close"):           # caffe8's hook: its thread ends before the groups
+            state.close()
         dist.destroy_process_group()
     return 0
 

@@ -224,6 +224,32 @@ def case_train():
     assert losses[-1] < losses[0], losses
 
 
+def case_close():
+    """close() ends the state's thread; the exit's handler ends the threads of states left
+    running and drops the hook's communicators, after which a new state makes its own."""
+    weights = tensors(0)[0]
+    steps = [tensors(s)[1] for s in range(2)]
+    ref = caffe8_mean('codec: "fp8" hierarchical: false', weights, steps)
+    states = []
+    for _ in range(2):
+        model = ddp_model(weights)
+        states.append(ddp.Fp8State(module=model))
+        same(hook_mean(model, states[-1], steps), ref, "a state's exchange")
+        assert states[-1]._thread.is_alive() and states[-1] in ddp._RUNNING
+    closed, left = states
+    thread = closed._thread
+    assert closed.close() and closed.close()           # the second: nothing left to end
+    assert not thread.is_alive() and closed._thread is None and closed not in ddp._RUNNING
+    assert left._thread.is_alive() and ddp._MADE
+    thread = left._thread
+    ddp._at_exit()
+    assert not thread.is_alive() and not ddp._RUNNING and not ddp._MADE
+    model = ddp_model(weights)                         # new communicators, the same result
+    state = ddp.Fp8State(module=model)
+    same(hook_mean(model, state, steps), ref, "a state after the exit handler")
+    assert state.close()
+
+
 def case_slowrank():
     import time
 
@@ -257,7 +283,8 @@ def case_slowrank():
 
 
 CASES = {"flat": case_flat, "twolevel": case_twolevel, "nosync": case_nosync,
-         "exclude": case_exclude, "train": case_train, "slowrank": case_slowrank}
+         "exclude": case_exclude, "train": case_train, "slowrank": case_slowrank,
+         "close": case_close}
 
 for name in sys.argv[1].split(","):
     CASES[name]()

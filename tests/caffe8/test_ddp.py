@@ -55,8 +55,8 @@ def _ranks(n, cases):
 @pytest.mark.mpi
 def test_hook_equals_caffe8s_exchange_on_2_ranks():
     """flat, two nodes of one rank (the folded scale), no_sync, exclusions, training, a slow
-    rank."""
-    _ranks(2, ["flat", "twolevel", "nosync", "exclude", "train", "slowrank"])
+    rank, closing states (by hand and at exit)."""
+    _ranks(2, ["flat", "twolevel", "nosync", "exclude", "train", "slowrank", "close"])
 
 
 @pytest.mark.mpi
