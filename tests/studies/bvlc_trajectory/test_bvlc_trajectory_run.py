@@ -6,6 +6,7 @@ import os
 import stat
 import sys
 
+import numpy
 import pytest
 
 from studies.bvlc_trajectory import run
@@ -19,7 +20,33 @@ def test_caffe8_against_itself_agrees_exactly(tmp_path):
     rows = run.run_net("squeezenet", run._without_dropout(trajectory_nets.squeezenet_block),
                        str(fake), str(tmp_path / "out"), steps=2)
     assert len(rows) == 2 * 11          # conv1, three fire modules of three, conv10: w and b
-    assert all(r[2:] == (0.0, 0.0) for r in rows), rows
+    assert all(r[2:4] == (0.0, 0.0) for r in rows), rows
+    # the floor: the same program on batches one ulp away differs, by far less than training moved
+    floors = [f for r in rows for f in r[4:]]
+    assert max(floors) > 0 and max(floors) < 1e-2, floors
+
+
+def test_one_ulp_away_moves_every_batch_value_by_one_ulp_but_labels(tmp_path):
+    import h5py
+    from tests.engine import trajectory
+    inputs = {"data": (4, 3, 5, 5), "label": (4,)}
+    listing = trajectory.write_batches(
+        tmp_path, inputs, 2, lambda name, shape, r: (r.integers(0, 10, shape) if name == "label"
+                                                     else 100 * r.standard_normal(shape)))
+    net = tmp_path / "net.prototxt"
+    net.write_text(f'layer {{ name: "d" type: "HDF5Data" top: "data" top: "label" '
+                   f'hdf5_data_param {{ source: "{listing}" batch_size: 4 }} }}\n')
+    out = tmp_path / "net_ulp2.prototxt"
+    run.one_ulp_away(str(net), str(out), 2)
+    moved_list = str(tmp_path / "net_ulp2.txt")
+    assert out.read_text() == net.read_text().replace(listing, moved_list)
+    (copy,) = open(moved_list).read().split()
+    with h5py.File(str(tmp_path / "batches.h5")) as a, h5py.File(copy) as b:
+        assert numpy.array_equal(a["label"][...], b["label"][...])
+        x, y = a["data"][...], b["data"][...]
+    ups = numpy.nextafter(x, numpy.float32(numpy.inf)) == y
+    downs = numpy.nextafter(x, numpy.float32(-numpy.inf)) == y
+    assert numpy.all(ups | downs) and 0.3 < ups.mean() < 0.7
 
 
 @pytest.mark.skipif(not os.environ.get("CAFFE8_BVLC_CAFFE"), reason="no BVLC Caffe build named")
@@ -27,4 +54,5 @@ def test_blocks_follow_bvlc_caffe_step_by_step(tmp_path):
     rows = run.run_net("resnet", trajectory_nets.resnet_block, os.environ["CAFFE8_BVLC_CAFFE"],
                        str(tmp_path), steps=4)
     for net, blob, *errs in rows:
+        errs = errs[:4]                 # caffe8's four steps (the floor's follow)
         assert errs[0] < 1e-3 and max(errs[1:]) <= 10 * max(errs[0], 1e-6), (blob, errs)
