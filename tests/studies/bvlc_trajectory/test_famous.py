@@ -1,6 +1,8 @@
 """studies/bvlc_trajectory/famous.py: a published net (deploy file or train_val) made trainable
 from an HDF5 file for the comparison with BVLC Caffe, its weights drawn per layer type, and the
-harness on it with caffe8 on both sides (exactly equal, floor included)."""
+harness on it with caffe8 on both sides (exactly equal), and against a real BVLC Caffe build
+where $CAFFE8_BVLC_CAFFE names its tools/caffe."""
+import os
 import stat
 import sys
 
@@ -132,3 +134,13 @@ def test_the_harness_on_a_famous_net_against_itself_is_exact(tmp_path):
     assert [r[1] for r in rows] == ["conv1/0", "bn1/0", "bn1/1", "bn1/2", "scale1/0",
                                     "scale1/1", "fc/0", "fc/1"]
     assert all(r[2:4] == (0.0, 0.0) for r in rows), rows   # then the one-ulp floor's two
+
+
+@pytest.mark.skipif(not os.environ.get("CAFFE8_BVLC_CAFFE"), reason="no BVLC Caffe build named")
+def test_a_deploy_net_follows_bvlc_caffe_within_its_floor(tmp_path):
+    rows = run.run_prototxt(_write(tmp_path, "deploy.prototxt", DEPLOY),
+                            os.environ["CAFFE8_BVLC_CAFFE"], str(tmp_path / "out"), steps=2,
+                            batch=2)
+    for net, blob, *errs in rows:
+        ours, floor = errs[:2], errs[2:]
+        assert all(e <= max(2 * f, 1e-4) for e, f in zip(ours, floor)), (blob, ours, floor)
