@@ -21,10 +21,12 @@ uniform biases, Scale γ in [0.8, 1.2], BatchNorm statistics as a trained net ha
 statistics of the first batch (the net run once with ``use_global_stats`` off, every BatchNorm
 accumulating from zero), so that ``use_global_stats: true`` normalises as in fine-tuning.
 """
+import argparse
 import os
 
 import numpy
 
+from caffe8 import wiring
 from caffe8.engine import model_io
 from caffe8.engine.net import Net
 from caffe8.engine.net_graph import filter_net, upgrade_net_input
@@ -52,7 +54,8 @@ def _input(net, path):
 
 def training_net(path, batch, listing):
     """The text of the net at ``path`` made trainable from the HDF5 list file ``listing`` at
-    ``batch`` images, and ``{top: shape}`` of the batches it reads."""
+    ``batch`` images (None: from ``Input`` layers, whose blobs stay zero, for timing), and
+    ``{top: shape}`` of the batches it reads."""
     net = filter_net(upgrade_net_input(parse_file(path)), "TRAIN")
     image, label, shape = _input(net, path)
     label = label or "label"
@@ -79,12 +82,22 @@ def training_net(path, batch, listing):
         loss.name, loss.type = "famous_loss", "SoftmaxWithLoss"
         loss.bottom, loss.top = [logits, label], ["famous_loss"]
         layers.append(loss)
-    data = Message("LayerParameter")
-    data.name, data.type, data.top = "famous_data", "HDF5Data", [image, label]
-    data.hdf5_data_param.source = os.path.abspath(listing)
-    data.hdf5_data_param.batch_size = batch
-    net.layer = [data] + layers
-    return to_text(net), {image: (batch,) + tuple(shape), label: (batch,)}
+    inputs = {image: (batch,) + tuple(shape), label: (batch,)}
+    if listing is None:
+        data = []
+        for top, dims in inputs.items():
+            layer = Message("LayerParameter")
+            layer.name, layer.type, layer.top = f"famous_{top}", "Input", [top]
+            layer.input_param.shape = [Message("BlobShape")]
+            layer.input_param.shape[0].dim = list(dims)
+            data.append(layer)
+    else:
+        data = [Message("LayerParameter")]
+        data[0].name, data[0].type, data[0].top = "famous_data", "HDF5Data", [image, label]
+        data[0].hdf5_data_param.source = os.path.abspath(listing)
+        data[0].hdf5_data_param.batch_size = batch
+    net.layer = data + layers
+    return to_text(net), inputs
 
 
 def make_batch(name, shape, rng):
@@ -132,3 +145,25 @@ def write_initial_model(text, path, seed=0):
             _fill(layer, rng)
     net.forward()
     model_io.write_binary_model(net, path)
+
+
+def main(argv=None):
+    """``python -m studies.bvlc_trajectory.famous FILE --out NET [--batch 2] [--hdf5 LIST]``:
+    write the trainable net of FILE (reading the HDF5 list file LIST, or from Input layers)."""
+    ap = argparse.ArgumentParser(description="a published Caffe net made trainable "
+                                             "(studies/bvlc_trajectory/famous.py)")
+    ap.add_argument("prototxt", help="the net as published (deploy or train_val)")
+    ap.add_argument("--out", required=True, help="where to write the trainable net")
+    ap.add_argument("--batch", type=int, default=2)
+    ap.add_argument("--hdf5", default=None,
+                    help="HDF5Data list file to read (default: Input layers, for timing)")
+    args = ap.parse_args(argv)
+    wiring.register_all()
+    text, inputs = training_net(args.prototxt, args.batch, args.hdf5)
+    with open(args.out, "w") as f:
+        f.write(text)
+    print(f"wrote {args.out}: " + ", ".join(f"{top} {shape}" for top, shape in inputs.items()))
+
+
+if __name__ == "__main__":
+    main()

@@ -14,8 +14,8 @@ shows as a jump). BVLC Caffe also trains three more times on copies of the batch
 ulp each: the worst of its disagreements with itself is the floor (a deep net amplifies
 rounding from layer to layer and step to step: one ReLU input within rounding of zero that falls
 on the other side moves a whole weight gradient; no program can be held closer to Caffe than
-that). Prints a table and writes
-``summary.csv`` (caffe8's disagreement per step, then the floor per step).
+that). Prints a table and writes ``summary.csv`` (caffe8's disagreement per step, then the floor
+per step).
 
 ``--prototxt FILE`` trains a famous net as published instead (studies/bvlc_trajectory/famous.py:
 its input becomes HDF5Data, Dropout goes, a deploy net gets a loss), from weights drawn per layer

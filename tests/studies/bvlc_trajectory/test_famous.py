@@ -144,3 +144,13 @@ def test_a_deploy_net_follows_bvlc_caffe_within_its_floor(tmp_path):
     for net, blob, *errs in rows:
         ours, floor = errs[:2], errs[2:]
         assert all(e <= max(2 * f, 1e-4) for e, f in zip(ours, floor)), (blob, ours, floor)
+
+
+def test_the_command_writes_the_trainable_net(tmp_path, capsys):
+    out = tmp_path / "train.prototxt"
+    famous.main([_write(tmp_path, "deploy.prototxt", DEPLOY), "--out", str(out), "--batch", "3"])
+    net = parse_text(out.read_text())
+    assert [layer.type for layer in net.layer][:2] == ["Input", "Input"]
+    assert list(net.layer[0].input_param.shape[0].dim) == [3, 3, 12, 12]
+    assert net.layer[-1].type == "SoftmaxWithLoss"
+    assert "data (3, 3, 12, 12), label (3,)" in capsys.readouterr().out
