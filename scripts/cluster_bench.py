@@ -209,7 +209,7 @@ def ddp_worker(args):
         if hasattr(state, "close"):           # caffe8's hook: its thread ends before the groups
             state.close()
         dist.destroy_process_group()
-    return 0
+    _example().exit_without_teardown(0)
 
 
 def mpi_worker(args):
@@ -354,9 +354,26 @@ class LinkSampler:
             if value is not None:
                 self.samples.append((time.time(), value))
 
+    def _read_interface(self):
+        """The counter read from outside the namespace (``ip -n``): still there when the job's
+        processes have all left it."""
+        import json
+        from caffe8.cluster import IFACE
+        out = subprocess.run(["ip", "-n", self.cluster.ns(0), "-j", "-s", "link", "show", IFACE],
+                             capture_output=True, text=True)
+        try:
+            return int(json.loads(out.stdout)[0]["stats64"]["tx"]["bytes"])
+        except (ValueError, LookupError, TypeError):
+            return None
+
     def stop(self):
+        """Stop sampling, with one last sample: a job that leaves as soon as its last iteration
+        ends can be gone before the next periodic read."""
         self._stop.set()
         self._thread.join()
+        value = self._read_interface()
+        if value is not None:
+            self.samples.append((time.time(), value))
 
     def sent(self, start, end):
         """Bytes sent between the epoch times ``start`` and ``end`` (linear between samples);
