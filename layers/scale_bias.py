@@ -5,6 +5,7 @@ bottom[0].shape[axis : axis+num_axes] (num_axes -1: to the end); it is broadcast
 axes. Scale's optional ``bias_term`` adds a learned bias of the same shape. Parameter diffs
 accumulate; bottom diffs are overwritten. In place is supported (Scale keeps a copy of x).
 """
+from caffe8.engine import backend
 from caffe8.engine.layer import Layer, register_layer
 from caffe8.engine.prototxt import Message
 from caffe8.layers.axes import canonical_axis, count, is_in_place, reshape_like
@@ -106,10 +107,12 @@ class ScaleLayer(_Broadcast):
         x = bottom[0].data
         # In place, forward overwrites x, which the scale gradient needs.
         self._x = x.copy() if is_in_place(bottom, top) else None
-        out = x.reshape(self.view) * self._operand(bottom).data.reshape(1, self.view[1], 1)
+        xp = backend.get_array_module(x)
+        out = top[0].data.reshape(self.view)     # written in place: no temporaries to copy
+        xp.multiply(x.reshape(self.view), self._operand(bottom).data.reshape(1, self.view[1], 1),
+                    out=out)
         if self.bias_index is not None:
-            out = out + self.blobs[self.bias_index].data.reshape(1, self.view[1], 1)
-        top[0].data[...] = out.reshape(x.shape)
+            xp.add(out, self.blobs[self.bias_index].data.reshape(1, self.view[1], 1), out=out)
 
     def backward(self, top, propagate_down, bottom):
         dy = top[0].diff.reshape(self.view)
@@ -125,6 +128,7 @@ class ScaleLayer(_Broadcast):
                 operand.diff += ds
             else:
                 operand.diff[...] = ds
-        if propagate_down[0]:
-            g = dy * operand.data.reshape(1, self.view[1], 1)
-            bottom[0].diff[...] = g.reshape(bottom[0].shape)
+        if propagate_down[0]:                    # bottom diff may be dy (in place): read first
+            xp = backend.get_array_module(dy)
+            xp.multiply(dy, operand.data.reshape(1, self.view[1], 1),
+                        out=bottom[0].diff.reshape(self.view))
