@@ -38,9 +38,22 @@ class EltwiseLayer(Layer):
         xp = backend.get_array_module(xs[0])
         dt = xs[0].dtype.type
         if self.op == "SUM":
-            out = xs[0] * dt(self.coeff[0])
+            # summed in the top's own buffer unless it is a bottom's; x * 1 is x exactly, so a
+            # coefficient of 1 (the default, ResNet's shortcuts) skips its multiply and the bits
+            # are those of the products
+            shared = any(xp.may_share_memory(x, top[0].data) for x in xs)
+            out = xs[0] * dt(self.coeff[0]) if shared else None
+            if out is None:
+                out = top[0].data
+                if self.coeff[0] == 1:
+                    out[...] = xs[0]
+                else:
+                    xp.multiply(xs[0], dt(self.coeff[0]), out=out)
             for c, x in zip(self.coeff[1:], xs[1:]):
-                out += x * dt(c)
+                out += x if c == 1 else x * dt(c)
+            if out is not top[0].data:
+                top[0].data[...] = out
+            return
         elif self.op == "PROD":
             out = xs[0].copy()
             for x in xs[1:]:
@@ -54,8 +67,12 @@ class EltwiseLayer(Layer):
         for i, b in enumerate(bottom):
             if not propagate_down[i]:
                 continue
-            if self.op == "SUM":
-                b.diff[...] = dy * dy.dtype.type(self.coeff[i])
+            if self.op == "SUM":             # dy * 1 is dy exactly
+                if self.coeff[i] == 1:
+                    if b.diff is not dy:         # in place: already dy
+                        b.diff[...] = dy
+                else:
+                    b.diff[...] = dy * dy.dtype.type(self.coeff[i])
             elif self.op == "PROD":
                 b.diff[...] = dy * self._prod_grad(bottom, top, i)
             else:

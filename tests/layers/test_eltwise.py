@@ -37,6 +37,28 @@ def test_sum_with_coefficients():
         numpy.testing.assert_allclose(g, c * dy, rtol=1e-15)
 
 
+@pytest.mark.parametrize("coeffs", ["", "coeff: 1 coeff: -2 coeff: 0.5"])
+def test_sum_in_place_and_into_its_own_top_give_the_same_bits(coeffs):
+    """The sum runs in the top's buffer unless the top is a bottom's (in place); both, float32,
+    equal the products summed in order (x * 1 is x); coefficients of 1 hand dy on as it is."""
+    xs = [x.astype(numpy.float32) for x in inputs(shape=(4, 5, 6))]
+    c = [1.0, -2.0, 0.5] if coeffs else [1.0, 1.0, 1.0]
+    ref = (xs[0] * numpy.float32(c[0]) + xs[1] * numpy.float32(c[1])) + xs[2] * numpy.float32(c[2])
+    _, top = run(make(elt_text("SUM", coeffs)), xs, dtype=numpy.float32)
+    assert numpy.array_equal(top[0].data, ref)
+    layer = make(elt_text("SUM", coeffs).replace('top: "y"', 'top: "b1"'))
+    bottom = [blob(x, numpy.float32) for x in xs]
+    layer.setup(bottom, [bottom[1]])
+    layer.reshape(bottom, [bottom[1]])
+    layer.forward(bottom, [bottom[1]])                 # the top is bottom 1: in place
+    assert numpy.array_equal(bottom[1].data, ref)
+    if coeffs:       # in place with coefficients, Caffe's backward scales the shared diff as it
+        return       # goes (bottom 1 writes dy * -2 where bottom 2 then reads dy); caffe8 does too
+    dy = numpy.random.default_rng(3).standard_normal(xs[0].shape).astype(numpy.float32)
+    grads = run_backward(layer, bottom, [bottom[1]], [dy])
+    assert all(numpy.array_equal(g, dy) for g in grads)
+
+
 def test_prod_forward():
     xs = inputs()
     _, top = run(make(elt_text("PROD")), xs)
