@@ -43,7 +43,11 @@ class ConcatLayer(Layer):
 
     def forward(self, bottom, top):
         xp = backend.get_array_module(bottom[0].data)
-        top[0].data[...] = xp.concatenate([b.data for b in bottom], axis=self.axis)
+        xs, y = [b.data for b in bottom], top[0].data
+        if any(xp.may_share_memory(x, y) for x in xs):
+            y[...] = xp.concatenate(xs, axis=self.axis)
+        else:                                    # straight into the top: one pass, no temporary
+            xp.concatenate(xs, axis=self.axis, out=y)
 
     def backward(self, top, propagate_down, bottom):
         for i, (lo, hi) in enumerate(self.bounds):
