@@ -41,9 +41,9 @@ class EltwiseLayer(Layer):
             # summed in the top's own buffer unless it is a bottom's; x * 1 is x exactly, so a
             # coefficient of 1 (the default, ResNet's shortcuts) skips its multiply and the bits
             # are those of the products
-            shared = any(xp.may_share_memory(x, top[0].data) for x in xs)
-            out = xs[0] * dt(self.coeff[0]) if shared else None
-            if out is None:
+            if any(xp.may_share_memory(x, top[0].data) for x in xs):
+                out = xs[0] * dt(self.coeff[0])
+            else:
                 out = top[0].data
                 if self.coeff[0] == 1:
                     out[...] = xs[0]

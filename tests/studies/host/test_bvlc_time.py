@@ -9,20 +9,7 @@ import sys
 import pytest
 
 from studies.host import bvlc_time
-
-DEPLOY = """name: "tiny-deploy"
-input: "data"
-input_dim: 1
-input_dim: 3
-input_dim: 12
-input_dim: 12
-layer { name: "conv1" type: "Convolution" bottom: "data" top: "conv1"
-        convolution_param { num_output: 4 kernel_size: 3 weight_filler { type: "xavier" } } }
-layer { name: "relu1" type: "ReLU" bottom: "conv1" top: "conv1" }
-layer { name: "fc" type: "InnerProduct" bottom: "conv1" top: "fc"
-        inner_product_param { num_output: 10 weight_filler { type: "xavier" } } }
-layer { name: "prob" type: "Softmax" bottom: "fc" top: "prob" }
-"""
+from tests.studies.bvlc_trajectory.test_famous import DEPLOY     # famous.py's deploy net
 
 
 def test_both_programs_time_the_same_net_in_alternating_rounds(tmp_path, capsys):
