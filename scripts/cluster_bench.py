@@ -79,17 +79,18 @@ LENET_INPUTS = {"data": (64, 1, 28, 28), "label": (64,)}
 REAL_COMPUTE_ENV = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
 FIELDS = ("net", "layout", "nodes", "ppn", "rate", "variant", "round", "iterations",
           "iter_ms", "exposed_ms", "baseline_ms", "comm_ms", "transfer_ms", "link_mb",
-          "link_use", "load_1min")
+          "link_use", "load_1min", "dilation", "narrow")
 
 
 # --- the DDP side ------------------------------------------------------------------------------
-def emulated_layers(solver_path):
+def emulated_layers(solver_path, dilation=1.0, narrow=1):
     """[(name, [tensor shapes], forward ms, backward ms)] of an emulated net (Parameter layers
-    grouped by the EmulatedCompute that follows them), and the solver's (lr, momentum,
-    weight decay)."""
+    grouped by the EmulatedCompute that follows them; times x ``dilation``, tensors narrowed by
+    ``narrow``: make_emulated_net.scale_net), and the solver's (lr, momentum, weight decay)."""
     from scripts._runs import load_train_net
-    from scripts.make_emulated_net import read_groups
+    from scripts.make_emulated_net import read_groups, scale_net
     solver, net = load_train_net(solver_path)
+    net, _ = scale_net(net, dilation, narrow)
     return read_groups(net), (float(solver.base_lr), float(solver.momentum),
                               float(solver.weight_decay))
 
@@ -175,7 +176,8 @@ def ddp_worker(args):
     torch.set_num_threads(1)                 # torchrun's default with several processes a node
     dist.init_process_group("gloo", init_method=f"tcp://{args.master}:29517", rank=rank,
                             world_size=size)
-    groups, (lr, momentum, weight_decay) = emulated_layers(args.solver)
+    groups, (lr, momentum, weight_decay) = emulated_layers(args.solver, float(args.dilation),
+                                                           args.narrow)
     if _real_compute(args.solver):
         net = _torch_lenet(torch)
         x = torch.zeros(LENET_INPUTS["data"])
@@ -221,7 +223,7 @@ def mpi_worker(args):
     apply_settings()
     MPI = mpi_module()
     comm = MPI.COMM_WORLD
-    groups, _ = emulated_layers(args.solver)
+    groups, _ = emulated_layers(args.solver, 1.0, args.narrow)
     n = sum(int(numpy.prod(shape)) for _, shapes, _, _ in groups for shape in shapes)
     buf = numpy.ones(n, numpy.float32)
     walls, starts = [], []
@@ -268,7 +270,8 @@ def run_caffe8(cluster, args, solver, run_dir, codec, asynchronous, nodes, ppn):
     solver_copy = _runs.write_run_prototxts(solver, run_dir, _net_batch(solver), codec,
                                             asynchronous, ppn if p > 1 else 0, args.iters,
                                             comm_extra=_runs.comm_settings(args.comm_set),
-                                            transform=_inputs_for(solver))
+                                            transform=_transform(solver, cluster.dilation,
+                                                                 args.narrow))
     logs = [os.path.join(run_dir, f"timing.r{r}.jsonl") for r in range(p)]
     for path in logs:
         if os.path.exists(path):
@@ -278,8 +281,9 @@ def run_caffe8(cluster, args, solver, run_dir, codec, asynchronous, nodes, ppn):
         argv += ([":"] if r else []) + ["-n", "1", args.python, "-m", "caffe8.cli", "train",
                                         "--solver", solver_copy, "--timing-log", logs[r]]
     # MPMD form: the argv after mpiexec's own options; cluster.run puts "-n P" first, so drop it.
-    rc = _cluster_run(cluster, argv, ppn, os.path.join(run_dir, "train.log"), args.timeout,
-                      mpmd=True, nodes=nodes, real=_real_compute(solver))
+    rc = _cluster_run(cluster, argv, ppn, os.path.join(run_dir, "train.log"),
+                      args.timeout * cluster.dilation, mpmd=True, nodes=nodes,
+                      real=_real_compute(solver))
     if rc != 0:
         raise RuntimeError(f"caffe8 run failed (rc {rc}); see {run_dir}/train.log")
     records = [rec for path in logs for rec in _runs.read_timing_log(path)]
@@ -304,8 +308,8 @@ def run_ddp(cluster, args, solver, run_dir, variant, nodes, ppn):
     worker = "--mpi-worker" if variant == "mpi-fp32" else "--ddp-worker"
     argv = [args.python, "-m", "scripts.cluster_bench", worker, "--variant", variant,
             "--solver", solver, "--iters", str(args.iters), "--master", cluster.address(0),
-            "--ppn", str(ppn)]
-    rc = _cluster_run(cluster, argv, ppn, log, args.timeout, nodes=nodes,
+            "--ppn", str(ppn), "--dilation", str(cluster.dilation), "--narrow", str(args.narrow)]
+    rc = _cluster_run(cluster, argv, ppn, log, args.timeout * cluster.dilation, nodes=nodes,
                       real=_real_compute(solver))
     with open(log, encoding="utf-8", errors="replace") as f:
         lines = [ln for ln in f if ln.startswith("DDP-RESULT ")]
@@ -391,7 +395,8 @@ def _cluster_run(cluster, argv, ppn, log, timeout, mpmd=False, nodes=None, real=
     from caffe8.cluster import ClusterError, EmulatedCluster
     sub = cluster
     if nodes is not None and nodes != cluster.nodes:
-        sub = EmulatedCluster(nodes, cluster.rate, cluster.delay, cluster.prefix, cluster.subnet)
+        sub = EmulatedCluster(nodes, cluster.rate, cluster.delay, cluster.prefix, cluster.subnet,
+                              cluster.dilation, cluster.cpu is not None)
     with open(log, "w", encoding="utf-8") as out:
         try:
             return sub.run(argv, ppn, timeout, env=REAL_COMPUTE_ENV if real else None,
@@ -406,12 +411,30 @@ def _real_compute(solver):
     return os.path.abspath(solver) == os.path.join(REPO, NETS["lenet"])
 
 
-def _inputs_for(solver):
-    """The train-net transform of a real-compute net (data layers → inputs), else None."""
+def _transform(solver, dilation, narrow):
+    """The train-net transform of a run: a real-compute net's data layers become inputs; an
+    emulated net's times are dilated and its tensors narrowed (make_emulated_net.scale_net)."""
     if not _real_compute(solver):
-        return None
+        from scripts.make_emulated_net import scale_net
+        return lambda net: scale_net(net, dilation, narrow)[0]
     from caffe8.engine.net_graph import swap_data_layers
     return lambda net: swap_data_layers(net, LENET_INPUTS)
+
+
+def narrowed_share(solver, narrow):
+    """The narrowed net's parameter count over the net's (1 for a real-compute net)."""
+    if _real_compute(solver) or narrow == 1:
+        return 1.0
+    from scripts._runs import load_train_net
+    from scripts.make_emulated_net import scale_net
+    return scale_net(load_train_net(solver)[1], 1.0, narrow)[1]
+
+
+def layout_dilation(args, processes):
+    """The run's time dilation: --dilation, or for ``auto`` the smallest sound one for
+    ``processes`` here (caffe8.cluster.dilation_needed)."""
+    from caffe8.cluster import dilation_needed
+    return dilation_needed(processes) if args.dilation == "auto" else float(args.dilation)
 
 
 def _net_batch(solver):
@@ -435,7 +458,8 @@ def sweep(args):
     rows = []
     max_nodes = max(n for n, _ in layouts)
     for rate in args.rates.split(","):
-        with EmulatedCluster(max_nodes, rate, args.delay, args.prefix) as cluster:
+        with EmulatedCluster(max_nodes, rate, args.delay, args.prefix, cpu_groups=True) \
+                as cluster:
             for rnd in range(args.rounds):
                 for net in args.nets.split(","):
                     rows += _round(cluster, args, net, rate, rnd, layouts, variants)
@@ -451,17 +475,27 @@ def _label(net):
 def _round(cluster, args, net, rate, rnd, layouts, variants):
     solver = os.path.join(REPO, NETS.get(net, net))
     rows, base = [], {}
+    from caffe8.cluster import parse_rate
+    # narrowed tensors travel a link narrowed alike (make_emulated_net.scale_net)
+    link_bps = parse_rate(rate) * narrowed_share(solver, args.narrow)
+
+    def shape(processes):
+        cluster.reshape(layout_dilation(args, processes), f"{link_bps:.0f}bit")
+        return cluster.dilation
+
     for side in sorted({kind for _, (kind, _, _) in variants} - {"mpi"}):
         d = os.path.join(args.out, _label(net), f"base_{side}")
+        k = shape(1)
         walls = (run_caffe8(cluster, args, solver, d, "fp32", False, 1, 1) if side == "caffe8"
                  else run_ddp(cluster, args, solver, d, "ddp-fp32", 1, 1))[0]
-        base[side] = statistics.median(walls)
+        base[side] = statistics.median(walls) / k
         print(f"[{rate} round {rnd}] {net} 1 process {side}: {base[side] * 1e3:.1f} ms",
               flush=True)
     for nodes, ppn in layouts:
         for name, (kind, codec, asynchronous) in variants:
             run_dir = os.path.join(args.out, _label(net), rate, f"{nodes}x{ppn}", name)
             load = os.getloadavg()[0]
+            k = shape(nodes * ppn)
             sampler = LinkSampler(cluster)
             try:
                 walls, comm, window = (
@@ -474,18 +508,18 @@ def _round(cluster, args, net, rate, rnd, layouts, variants):
             finally:
                 sampler.stop()
             sent = sampler.sent(window[0], window[1])
-            it = statistics.median(walls)
+            # times undilated (divided by k): those of nodes with a core per process
+            it = statistics.median(walls) / k
             row = {"net": net, "layout": f"{nodes}x{ppn}", "nodes": nodes, "ppn": ppn,
                    "rate": rate, "variant": name, "round": rnd, "iterations": len(walls),
                    "iter_ms": it * 1e3, "exposed_ms": (it - base.get(kind, it)) * 1e3,
-                   "baseline_ms": base.get(kind, 0.0) * 1e3, "comm_ms": comm[0] * 1e3,
-                   "transfer_ms": comm[1] * 1e3,
+                   "baseline_ms": base.get(kind, 0.0) * 1e3, "comm_ms": comm[0] / k * 1e3,
+                   "transfer_ms": comm[1] / k * 1e3,
                    "link_mb": float("nan") if sent is None else sent / 1e6 / window[2],
-                   "load_1min": load}
+                   "load_1min": load, "dilation": k, "narrow": args.narrow}
             # the link's use by the transfers: bytes node 0 sent per iteration over the wire time
-            # they would take at the link's rate, divided by the measured transfer time
-            from caffe8.cluster import parse_rate
-            wire_s = row["link_mb"] * 8e6 / parse_rate(rate)
+            # they would take at the link's (narrowed) rate, divided by the measured transfer time
+            wire_s = row["link_mb"] * 8e6 / link_bps
             row["link_use"] = wire_s / comm[1] if comm[1] > 0 else float("nan")
             rows.append(row)
             print(f"[{rate} round {rnd}] {net} {nodes}x{ppn} {name:14s} {it * 1e3:8.1f} ms/iter "
@@ -582,6 +616,15 @@ def main(argv=None):
     ap.add_argument("--layouts", default="2x1", help="NODESxPROCESSES,... e.g. 2x1,2x2,4x1")
     ap.add_argument("--rates", default="1gbit,10gbit", help="link rates (tc units)")
     ap.add_argument("--delay", default="", help="one-way delay per link end (netem)")
+    ap.add_argument("--dilation", default="1",
+                    help="time dilation k (caffe8.cluster): each node capped at ppn/k cores, "
+                         "links and emulated compute k times slower, times reported divided "
+                         "by k; 'auto': per layout, the smallest sound k for its processes on "
+                         "this machine's cores")
+    ap.add_argument("--narrow", type=int, default=1,
+                    help="emulated nets: divide every tensor's first axis by this and the link "
+                         "rate by the same share (many processes in memory; the bytes per ms "
+                         "of compute unchanged)")
     ap.add_argument("--variants", default="c8-fp32-sync,c8-fp32-async,c8-fp8-async,ddp-fp32,"
                                           "ddp-fp16")
     ap.add_argument("--iters", type=int, default=12, help="iterations per run")
@@ -608,6 +651,14 @@ def main(argv=None):
         return mpi_worker(args)
     if args.iters <= args.skip:
         ap.error("--iters must exceed --skip")
+    if args.dilation != "auto":
+        try:
+            if not 1 <= float(args.dilation) <= 1000:
+                raise ValueError
+        except ValueError:
+            ap.error(f"--dilation {args.dilation!r}: expected 'auto' or a factor from 1 to 1000")
+    if args.narrow < 1:
+        ap.error("--narrow must be >= 1")
     from caffe8.cluster import ClusterError, available
     ok, why = available()
     if not ok:

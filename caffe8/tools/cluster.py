@@ -2,7 +2,7 @@
 nodes as network namespaces on a switch whose links ``tc`` shapes to ``--rate``, MPICH's
 mpiexec over TCP between them (``caffe8.cluster``; docs/MPI.md, "An emulated cluster")::
 
-    caffe8 cluster up --nodes 2 --rate 1gbit [--delay 50us]
+    caffe8 cluster up --nodes 2 --rate 1gbit [--delay 50us] [--dilation 4]
     caffe8 cluster run --ppn 1 -- caffe8 train -solver S
     caffe8 cluster counters
     caffe8 cluster down
@@ -39,6 +39,11 @@ def parser():
     shape.add_argument("--nodes", type=int, default=None, help="nodes (default 2)")
     shape.add_argument("--rate", default=None, help="each link's rate, tc units (default 10gbit)")
     shape.add_argument("--delay", default="", help="one-way delay per link end (netem: 50us)")
+    shape.add_argument("--dilation", type=float, default=1.0,
+                       help="time dilation k: each node capped at ppn/k CPU cores, links k "
+                            "times slower (rate / k, delay x k); a job that also slows its "
+                            "emulated compute k times and divides its times by k sees nodes "
+                            "of a core per process (default 1: off)")
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--prefix", default=DEFAULT_PREFIX, help="names of the namespaces")
     sub.add_parser("up", parents=[shape, common], help="create the cluster")
@@ -70,11 +75,12 @@ def _dispatch(args, ap):
     shape = {}
     if args.verb in ("up", "run"):
         shape = dict(nodes=args.nodes or 2, rate=args.rate or "10gbit", delay=args.delay,
-                     prefix=args.prefix)
+                     prefix=args.prefix, dilation=args.dilation)
     if args.verb == "up":
         c = EmulatedCluster(**shape).up()
         print(f"up: {c.nodes} nodes ({', '.join(c.host(i) for i in range(c.nodes))}), "
-              f"links {c.rate}{' + ' + c.delay + ' delay' if c.delay else ''}")
+              f"links {c.rate}{' + ' + c.delay + ' delay' if c.delay else ''}"
+              f"{f', time dilated {c.dilation:g}x' if c.dilation > 1 else ''}")
         return 0
     if args.verb == "down":
         removed, killed = EmulatedCluster(prefix=args.prefix).down()

@@ -157,8 +157,9 @@ def make_cluster(netns_ok):
     """make_cluster(nodes, rate) → an up cluster of prefix c8t, torn down after the test."""
     made = []
 
-    def make(nodes=2, rate="1gbit", delay=""):
-        c = ec.EmulatedCluster(nodes=nodes, rate=rate, delay=delay, prefix=PREFIX)
+    def make(nodes=2, rate="1gbit", delay="", dilation=1.0, cpu_groups=False):
+        c = ec.EmulatedCluster(nodes=nodes, rate=rate, delay=delay, prefix=PREFIX,
+                               dilation=dilation, cpu_groups=cpu_groups)
         made.append(c)
         return c.up()
 
@@ -333,3 +334,80 @@ def test_two_node_fp8_training_across_the_namespaces(make_cluster, in_digits_cwd
     for host in after:
         received = after[host]["rx_bytes"] - before[host]["rx_bytes"]
         assert iters * params <= received < 4 * iters * params, (host, received, params)
+
+
+# --- time dilation ---------------------------------------------------------------------------
+def test_scale_time_multiplies_tc_times():
+    assert ec.scale_time("50us", 4) == "200.000us"
+    assert ec.scale_time("1.5ms", 2) == "3000.000us"
+    assert ec.scale_time("2s", 1) == "2000000.000us"
+    with pytest.raises(ec.ClusterError, match="--delay 'fast'"):
+        ec.scale_time("fast", 2)
+
+
+def test_dilation_needed_gives_each_process_a_core_once_they_outnumber_the_cores():
+    assert ec.dilation_needed(1, cores=2) == ec.dilation_needed(2, cores=2) == 1.0
+    for p in (3, 4, 8, 16):
+        k = ec.dilation_needed(p, cores=2)
+        assert p / k <= ec.CORE_SHARE * 2 < p / (k - 0.5), (p, k)   # sound, and the least so
+
+
+def test_dilation_out_of_range_is_one_clear_error():
+    with pytest.raises(ec.ClusterError, match="--dilation 0.5: expected a factor from 1"):
+        ec.EmulatedCluster(nodes=2, dilation=0.5)
+
+
+def _cpu_seconds_and_wall(c, node, tmp_path):
+    """A CPU-bound Python loop run inside ``node`` (its CPU group joined): (CPU s, wall s)."""
+    out = tmp_path / f"burn{node}"
+    code = ("import time; w = time.perf_counter(); c = time.process_time(); s = 0\n"
+            "for i in range(2 * 10 ** 6): s += i\n"
+            f"open({str(out)!r}, 'w').write(f'{{time.process_time() - c}} "
+            "{time.perf_counter() - w}')")
+    c.cpu.cap(1.0 / c.dilation)
+    subprocess.run(c.in_node(node, [sys.executable, "-c", code]), check=True, timeout=60)
+    return tuple(float(x) for x in out.read_text().split())
+
+
+@pytest.mark.mpi
+@pytest.mark.timeout(90)
+def test_dilation_slows_the_nodes_cpu_and_link_by_k_and_leaves_nothing(make_cluster, tmp_path):
+    try:
+        c = make_cluster(nodes=2, rate="1gbit", delay="50us", dilation=4)
+    except ec.ClusterError as e:
+        if "qdisc kind is unknown" in str(e) or "cgroup" in str(e):
+            pytest.skip(f"no netem or no CPU cgroups here: {e}")
+        raise
+    # the link: rate / 4 and delay x 4 on both ends
+    for where, dev in ((c.ns(1), "eth0"), (c.switch, "p1")):
+        qdisc = subprocess.run(["ip", "netns", "exec", where, "tc", "qdisc", "show", "dev", dev],
+                               capture_output=True, text=True).stdout
+        assert "delay 200us" in qdisc and "250Mbit" in qdisc, qdisc
+    # the host: a CPU-bound loop in a node gets a quarter of a core (wall ~ 4 x its CPU time)
+    cpu, wall = _cpu_seconds_and_wall(c, 1, tmp_path)
+    assert wall > 3.0 * cpu, (cpu, wall)
+    periods, throttled = c.cpu.stat()[1]
+    assert throttled > 0 and periods > 0
+    top = c.cpu.top
+    assert os.path.isdir(top) and ec.EmulatedCluster.load(PREFIX).dilation == 4
+    c.down()
+    assert not os.path.exists(top) and not os.path.ismount(c.cpu.mount)
+
+
+@pytest.mark.mpi
+@pytest.mark.timeout(90)
+def test_reshape_changes_rate_and_dilation_of_a_cluster_that_is_up(make_cluster, tmp_path):
+    try:
+        c = make_cluster(nodes=2, rate="1gbit", cpu_groups=True)
+    except ec.ClusterError as e:
+        if "cgroup" in str(e):
+            pytest.skip(f"no CPU cgroups here: {e}")
+        raise
+    cpu, wall = _cpu_seconds_and_wall(c, 0, tmp_path)     # dilation 1: uncapped
+    assert wall < 2.0 * cpu + 0.5, (cpu, wall)
+    c.reshape(dilation=2, rate="500mbit")
+    qdisc = subprocess.run(["ip", "netns", "exec", c.ns(0), "tc", "qdisc", "show", "dev",
+                            "eth0"], capture_output=True, text=True).stdout
+    assert "250Mbit" in qdisc, qdisc
+    cpu, wall = _cpu_seconds_and_wall(c, 0, tmp_path)
+    assert wall > 1.6 * cpu, (cpu, wall)

@@ -74,12 +74,45 @@ def test_the_ddp_side_has_caffe8s_tensors_and_sleeps():
     assert groups[1][2] == pytest.approx(52.477) and groups[1][3] == pytest.approx(104.954)
 
 
+def test_dilated_narrowed_runs_give_both_sides_the_same_tensors_and_sleeps():
+    """Time dilation multiplies every emulated time by k and narrowing divides every tensor's
+    first axis; caffe8's run net and the DDP side read the same groups from it, and the share
+    of parameters left is what the link's rate is scaled by."""
+    from scripts import _runs
+    from scripts.make_emulated_net import read_groups
+    solver = os.path.join(REPO, cb.NETS["caffenet"])
+    plain, _ = cb.emulated_layers(solver)
+    groups, _ = cb.emulated_layers(solver, 4.0, 4)
+    assert read_groups(cb._transform(solver, 4.0, 4)(_runs.load_train_net(solver)[1])) == groups
+    for (name, shapes, fwd, bwd), (name0, shapes0, fwd0, bwd0) in zip(groups, plain):
+        assert name == name0 and (fwd, bwd) == (pytest.approx(4 * fwd0), pytest.approx(4 * bwd0))
+        assert [s[0] for s in shapes] == [max(1, round(s0[0] / 4)) for s0 in shapes0]
+        assert [s[1:] for s in shapes] == [s0[1:] for s0 in shapes0]
+    import numpy
+    count = sum(int(numpy.prod(s)) for _, shapes, _, _ in groups for s in shapes)
+    assert count == 60965224 // 4
+    assert cb.narrowed_share(solver, 4) == pytest.approx(0.25)
+    assert cb.narrowed_share(os.path.join(REPO, cb.NETS["lenet"]), 4) == 1.0
+
+
+def test_dilation_auto_is_the_clusters_sound_factor_per_layout():
+    import argparse
+    args = argparse.Namespace(dilation="auto")
+    from caffe8.cluster import dilation_needed
+    assert [cb.layout_dilation(args, p) for p in (1, 4, 16)] == \
+        [dilation_needed(p) for p in (1, 4, 16)]
+    args.dilation = "3"
+    assert cb.layout_dilation(args, 16) == 3.0
+    with pytest.raises(SystemExit):
+        cb.main(["--dilation", "0.5"])
+
+
 def test_lenet_is_real_compute_with_inputs_for_its_data_layers():
     solver = os.path.join(REPO, cb.NETS["lenet"])
     assert cb._real_compute(solver) and not cb._real_compute(
         os.path.join(REPO, cb.NETS["caffenet"]))
     from scripts import _runs
-    net = cb._inputs_for(solver)(_runs.load_train_net(solver)[1])
+    net = cb._transform(solver, 4.0, 4)(_runs.load_train_net(solver)[1])
     assert [layer.type for layer in net.layer][:2] == ["Input", "Input"]
     assert cb._net_batch(solver) == 64
     torch = pytest.importorskip("torch")
@@ -176,11 +209,13 @@ def test_the_fp8_hook_sends_a_quarter_of_ddps_bytes_over_the_shaped_link(tmp_pat
     rc = cb.main(["--nets", _tiny_solver(tmp_path), "--layouts", "2x1", "--rates", "1gbit",
                   "--variants", "ddp-fp32,ddp-fp8", "--iters", "5", "--skip", "2",
                   "--rounds", "1", "--out", str(tmp_path / "runs"), "--csv", str(out),
-                  "--prefix", "c8cb", "--timeout", "150"])
+                  "--prefix", "c8cb", "--timeout", "150", "--dilation", "2"])
     assert rc == 0
     import csv
     rows = {r["variant"]: r for r in csv.DictReader(open(out)) if r["round"] == "all"}
     assert set(rows) == {"ddp-fp32", "ddp-fp8"}
+    # time dilated 2x (links at half the rate, sleeps doubled): the same bytes per iteration
+    assert all(float(r["dilation"]) == 2.0 for r in rows.values())
     fp32, fp8 = float(rows["ddp-fp32"]["link_mb"]), float(rows["ddp-fp8"]["link_mb"])
     # 512 x 1024 gradients: float32's ring moves 2 MB a rank and iteration, fp8 a quarter (the
     # counters are read between iterations: one in flight at a read moves ~10 % either way)
