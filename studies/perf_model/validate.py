@@ -630,15 +630,17 @@ VARIANT = re.compile(r"^(?:c8-(fp32|fp16|fp8)-(sync|async)|ddp-(fp32|fp16)|(mpi)
 UNMODELLED = re.compile(r"^ddp-(?:bf16|powersgd\d+|fp8h?|none)$")
 
 
-def emulated_layers(path):
+def emulated_layers(path, narrow=1):
     """LayerCosts of an emulated net prototxt: one per EmulatedCompute layer, with its
-    forward/backward sleep and the Parameter tensors since the previous one (element counts);
-    tensors after the last get a layer of no compute."""
+    forward/backward sleep and the Parameter tensors since the previous one (element counts;
+    narrowed as cluster_bench --narrow does); tensors after the last get a layer of no
+    compute."""
     import math
     from caffe8.engine.prototxt import parse_file
-    from scripts.make_emulated_net import read_groups
+    from scripts.make_emulated_net import read_groups, scale_net
+    net, _ = scale_net(parse_file(path), 1.0, narrow)
     layers = [pm.LayerCost(name, fwd / 1e3, bwd / 1e3, [math.prod(s) for s in shapes])
-              for name, shapes, fwd, bwd in read_groups(parse_file(path))]
+              for name, shapes, fwd, bwd in read_groups(net)]
     if not layers:
         raise ValueError(f"{path}: no EmulatedCompute or Parameter layers")
     return layers
@@ -661,16 +663,27 @@ def cluster_costs(rates, cores, rate_bps, ppn):
     return c8, ddp, host, pm.DdpCost(rates["ddp_copy"]), network
 
 
-def predict_cluster_row(row, layers, rates, cores, bucket_kb=1024):
+def row_cores(row, cores):
+    """The cores a row's processes had in its (undilated) time: with a time dilation above 1
+    (cluster_bench --dilation) one each, as caffe8.cluster's CPU caps give them; else the
+    machine's ``cores``, shared by all."""
+    return int(row["nodes"]) * int(row["ppn"]) if float(row.get("dilation") or 1) > 1 else cores
+
+
+def predict_cluster_row(row, layers, rates, cores, bucket_kb=1024, link_share=1.0):
     """Predicted seconds per iteration of one cluster_bench.py CSV row (caffe8's buckets of
-    ``bucket_kb`` KiB, comm.bucket_kb's default)."""
+    ``bucket_kb`` KiB, comm.bucket_kb's default); ``layers``: the row's net as it ran (narrowed
+    as the row says), ``link_share``: the share of the named link rate it ran at (the narrowed
+    parameters' share)."""
     from caffe8.cluster import parse_rate
     m = VARIANT.match(row["variant"])
     if not m:
         raise ValueError(f"unknown variant {row['variant']!r} (c8-<fp32|fp16|fp8>-<sync|async>, "
                          f"ddp-fp32, ddp-fp16, mpi-fp32)")
     nodes, ppn = int(row["nodes"]), int(row["ppn"])
-    c8, ddp, host, ddp_cost, network = cluster_costs(rates, cores, parse_rate(row["rate"]), ppn)
+    cores = row_cores(row, cores)
+    c8, ddp, host, ddp_cost, network = cluster_costs(rates, cores,
+                                                     parse_rate(row["rate"]) * link_share, ppn)
     t1 = float(row["baseline_ms"]) / 1e3
     if m.group(3):
         return pm.cluster_time(layers, ddp[m.group(3)], network, host, nodes, ppn, t1, "ddp",
@@ -741,9 +754,14 @@ def cluster_validation(csv_paths, out_dir, rates=None, cores=None, nets=None, li
         if r["net"] not in paths:
             raise ValueError(f"{csv_path}: net {r['net']!r} has no emulated prototxt "
                              f"(known: {', '.join(sorted(paths))}; --net NAME=PATH)")
-        if r["net"] not in layers:
-            layers[r["net"]] = emulated_layers(paths[r["net"]])
-        predicted = 1e3 * predict_cluster_row(r, layers[r["net"]], rates, cores, bucket_kb)
+        narrow = int(float(r.get("narrow") or 1))
+        key = (r["net"], narrow)
+        if key not in layers:
+            layers[key] = emulated_layers(paths[r["net"]], narrow)
+            full = sum(m for x in emulated_layers(paths[r["net"]]) for m in x.tensors)
+            layers[key, "share"] = sum(m for x in layers[key] for m in x.tensors) / full
+        predicted = 1e3 * predict_cluster_row(r, layers[key], rates, cores, bucket_kb,
+                                              layers[key, "share"])
         got = float(r["iter_ms"])
         rows.append(dict(r, predicted_ms=round(predicted, 3),
                          error_pct=round(100 * (predicted / got - 1), 2)))
@@ -755,13 +773,14 @@ def cluster_validation(csv_paths, out_dir, rates=None, cores=None, nets=None, li
                      f"{float(r['iter_ms']):9.1f} {r['predicted_ms']:9.1f} "
                      f"{r['error_pct']:+6.1f}%{flag}")
     from caffe8.cluster import parse_rate
-    refs = [r for r in rows if r["variant"] == "mpi-fp32" and int(r["nodes"]) > 1]
+    refs = [r for r in rows if r["variant"] == "mpi-fp32" and int(r["nodes"]) > 1
+            and int(float(r.get("narrow") or 1)) == 1 and float(r.get("dilation") or 1) == 1]
     for r in refs:       # the reference transfers at their highest rate (CPU-bound)
         if parse_rate(r["rate"]) < max(parse_rate(q["rate"]) for q in refs
                                        if (q["net"], q["layout"]) == (r["net"], r["layout"])):
             continue
         try:
-            implied = tcp_rate_from_mpi_reference(r, layers[r["net"]], rates, cores)
+            implied = tcp_rate_from_mpi_reference(r, layers[r["net"], 1], rates, cores)
         except ValueError:
             continue
         lines.append(f"{r['net']} {r['layout']} {r['rate']} mpi-fp32 implies tcp "

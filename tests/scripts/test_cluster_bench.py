@@ -39,13 +39,31 @@ def test_medians_over_rounds_and_weak_scaling():
     assert summary[("2x1", "all")]["iter_ms"] == 560.0
     assert summary[("4x1", "all")]["iter_ms"] == 750.0
     assert summary[("2x1", "all")]["iterations"] == 12
-    weak = {p["nodes"]: p for p in cb.weak_scaling(rows)}
-    assert weak[1]["speedup"] == 1.0
-    assert weak[2]["speedup"] == pytest.approx(2 * 500 / 560)
-    assert weak[4]["speedup"] == pytest.approx(4 * 500 / 750)
-    assert weak[4]["samples_s"] == pytest.approx(256 * 4 / 0.75)   # CaffeNet's batch of 256
-    # the MPI reference has no one-process run: no weak-scaling point, no division by zero
-    assert not [p for p in cb.weak_scaling([_row("mpi-fp32", "0", 300.0, base=0.0)])]
+    rows += [dict(_row("c8-fp8-async", 0, 720.0, nodes=2), layout="2x2", ppn=2)]
+    weak = {p["layout"]: p for p in cb.scaling(rows)}
+    assert weak["1x1"]["speedup"] == 1.0
+    assert weak["2x1"]["speedup"] == pytest.approx(2 * 500 / 560)
+    assert weak["4x1"]["speedup"] == pytest.approx(4 * 500 / 750)
+    assert weak["2x2"]["speedup"] == pytest.approx(4 * 500 / 720)     # 4 processes, 2 a node
+    assert weak["4x1"]["samples_s"] == pytest.approx(256 * 4 / 0.75)   # CaffeNet's batch of 256
+    assert weak["4x1"]["efficiency"] == pytest.approx(500 / 750)
+    # the MPI reference has no one-process run: no scaling point, no division by zero
+    assert not [p for p in cb.scaling([_row("mpi-fp32", "0", 300.0, base=0.0)])]
+
+
+def test_strong_scaling_shares_the_global_batch():
+    """--global-batch G: P processes share G, so the one-process run does all of G and the
+    speedup is T1 / T_P; each process's emulated compute is its share of the net's batch."""
+    import argparse
+    rows = [dict(_row("c8-fp8-async", 0, 400.0, nodes=4, base=1000.0), global_batch=512)]
+    strong = {p["layout"]: p for p in cb.scaling(rows)}
+    assert strong["4x1"]["speedup"] == pytest.approx(1000 / 400)
+    assert strong["4x1"]["efficiency"] == pytest.approx(1000 / 400 / 4)
+    assert strong["4x1"]["samples_s"] == pytest.approx(512 / 0.4)
+    solver = os.path.join(REPO, cb.NETS["caffenet"])
+    args = argparse.Namespace(global_batch=512)
+    assert [cb.batch_share(args, solver, p) for p in (1, 2, 4)] == [2.0, 1.0, 0.5]
+    assert cb.batch_share(argparse.Namespace(global_batch=0), solver, 4) == 1.0
 
 
 def test_link_bytes_between_two_times_interpolate_the_samples():
@@ -101,6 +119,8 @@ def test_dilation_auto_is_the_clusters_sound_factor_per_layout():
     from caffe8.cluster import dilation_needed
     assert [cb.layout_dilation(args, p) for p in (1, 4, 16)] == \
         [dilation_needed(p) for p in (1, 4, 16)]
+    args.min_dilation = 2.0
+    assert [cb.layout_dilation(args, p) for p in (1, 16)] == [2.0, dilation_needed(16)]
     args.dilation = "3"
     assert cb.layout_dilation(args, 16) == 3.0
     with pytest.raises(SystemExit):
