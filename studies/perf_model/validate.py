@@ -625,9 +625,9 @@ ALPHA_COLLECTIVE = 0.22e-3
 # Barrier of the shared-memory stages (P' > 1), assumed: a few polls of node-shared counters
 # (two per bucket: about a millisecond per iteration in all).
 ALPHA_SHARED = 20e-6
-VARIANT = re.compile(r"^(?:c8-(fp32|fp16|fp8)-(sync|async)|ddp-(fp32|fp16)|(mpi)-fp32)$")
+VARIANT = re.compile(r"^(?:c8-(fp32|fp16|fp8)-(sync|async)|ddp-(fp32|fp16|fp8)|(mpi)-fp32)$")
 #: cluster_bench's variants the model has no cost for (left out of the comparison, named)
-UNMODELLED = re.compile(r"^ddp-(?:bf16|powersgd\d+|fp8h?|none)$")
+UNMODELLED = re.compile(r"^ddp-(?:bf16|powersgd\d+|fp8h|none)$")
 
 
 def emulated_layers(path, narrow=1):
@@ -655,7 +655,11 @@ def cluster_costs(rates, cores, rate_bps, ppn):
           for c in ("fp32", "fp16", "fp8")}
     ddp = {"fp32": pm.CodecCost(4, rates["gloo_fp32_sum"]),
            "fp16": pm.CodecCost(2, rates["gloo_fp16_sum"], encode_rate=rates["ddp_fp16_encode"],
-                                decode_rate=rates["ddp_fp16_decode"])}
+                                decode_rate=rates["ddp_fp16_decode"]),
+           # caffe8.ddp.fp8_hook over all ranks: caffe8's fused encode in the hook, its fp8 sum
+           # and decode, the bytes of a ring (all-to-all, then all-gather), gloo's latencies
+           "fp8": pm.CodecCost(1, rates["fp8_sum"], encode_rate=rates["fp8_encode"],
+                               decode_rate=rates["fp8_decode"])}
     host = pm.HostCost(cores, rates["tcp"], rates["copy_bytes"], rates["update"], rates["finite"],
                        rates["loopback"])
     network = pm.Network(ALPHA_SHARED, rates["copy_bytes"], ALPHA_COLLECTIVE,
@@ -765,11 +769,12 @@ def cluster_validation(csv_paths, out_dir, rates=None, cores=None, nets=None, li
         got = float(r["iter_ms"])
         rows.append(dict(r, predicted_ms=round(predicted, 3),
                          error_pct=round(100 * (predicted / got - 1), 2)))
-    lines = [f"{'net':9s} {'layout':6s} {'rate':7s} {'variant':14s} {'measured':>9s} "
+    lines = [f"{'net':9s} {'layout':6s} {'rate':7s} {'k':>4s} {'variant':14s} {'measured':>9s} "
              f"{'predicted':>9s} {'error':>7s}"]
     for r in rows:
         flag = "" if abs(r["error_pct"]) <= limit else f"  outside {limit:g} %"
-        lines.append(f"{r['net']:9s} {r['layout']:6s} {r['rate']:7s} {r['variant']:14s} "
+        lines.append(f"{r['net']:9s} {r['layout']:6s} {r['rate']:7s} "
+                     f"{float(r.get('dilation') or 1):4g} {r['variant']:14s} "
                      f"{float(r['iter_ms']):9.1f} {r['predicted_ms']:9.1f} "
                      f"{r['error_pct']:+6.1f}%{flag}")
     from caffe8.cluster import parse_rate
