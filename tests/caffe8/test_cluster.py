@@ -1,10 +1,12 @@
-"""caffe8.cluster: rate parsing, the Hydra launcher script, the tools it needs (no namespaces
-needed), then real clusters (skipped where network namespaces cannot be made): namespaces and
-hosts files, per-node hostnames, MPI data on the shaped link, teardown after a failure and a
-timeout, and a 2-node fp8 digits training across the namespaces. The command line,
-``caffe8 cluster``: tests/caffe8/tools/test_cluster_tool.py.
+"""caffe8.cluster: rate, delay and loss parsing, the launcher script, the tools it needs (no
+namespaces needed), then real clusters (skipped where network namespaces cannot be made):
+namespaces and hosts files, per-node hostnames, MPI data on the shaped link, the loss rate,
+teardown after a failure and a timeout, a 2-node fp8 digits training across the namespaces, the
+same bytes over a lossy link, and a link pulled mid-run. The command line, ``caffe8 cluster``:
+tests/caffe8/tools/test_cluster_tool.py; the MPIs: tests/caffe8/test_mpis.py.
 
 Every cluster here uses the prefix "c8t" (never the default "c8", which others may be using)."""
+import json
 import os
 import re
 import subprocess
@@ -38,6 +40,59 @@ def test_parse_rate_rejects_with_the_value_in_the_message(text):
     assert repr(text) in str(e.value) and "1gbit" in str(e.value)
 
 
+@pytest.mark.parametrize("text, seconds", [("1ms", 1e-3), ("500us", 5e-4), ("0.5MS", 5e-4),
+                                           ("2s", 2.0), ("0us", 0.0)])
+def test_parse_time(text, seconds):
+    assert ec.parse_time(text, "--delay") == pytest.approx(seconds)
+
+
+@pytest.mark.parametrize("text", ["1", "ms", "-1ms", "nanms", "1e9s", "1 hour", "fast", ""])
+def test_parse_time_rejects_with_the_flag_and_value_in_the_message(text):
+    with pytest.raises(ec.ClusterError) as e:
+        ec.parse_time(text, "--jitter")
+    assert str(e.value).startswith(f"--jitter {text!r}:") and "500us" in str(e.value)
+
+
+@pytest.mark.parametrize("text, percent", [("0.1%", 0.1), ("0.1", 0.1), (" 5 % ", 5.0),
+                                           ("100%", 100.0), ("0", 0.0), (0.25, 0.25)])
+def test_parse_loss(text, percent):
+    assert ec.parse_loss(text) == percent
+
+
+@pytest.mark.parametrize("text", ["-0.1%", "101%", "nan", "lots", "%", "0.1%%"])
+def test_parse_loss_rejects_with_the_value_in_the_message(text):
+    with pytest.raises(ec.ClusterError) as e:
+        ec.parse_loss(text)
+    assert str(e.value).startswith(f"--loss {text!r}:") and "0.1%" in str(e.value)
+
+
+def test_loss_classifier_drops_the_share_asked_for():
+    """The classic BPF program, interpreted here on the random numbers the kernel would draw:
+    it drops exactly the numbers below loss x 2^32 (rounded: the share asked for to 2^-32)."""
+    for percent in (0.1, 12.5, 50.0, 100.0):
+        code = ec._loss_bytecode(percent).split(",")
+        assert int(code[0]) == len(code) - 1
+        prog = [tuple(int(w) for w in ins.split()) for ins in code[1:]]
+
+        def dropped(rand):
+            pc = 0
+            while True:
+                op, jt, jf, k = prog[pc]
+                if op == 0x20:                       # ld [SKF_AD_OFF + SKF_AD_RANDOM]
+                    assert k == (-4096 + 56) % 2 ** 32
+                    a = rand
+                elif op == 0x35:                     # jge #k
+                    pc += jt if a >= k else jf
+                elif op == 0x06:                     # ret #k: classid 1:2 drops, 0 passes
+                    assert k in (0, 0x10002)
+                    return k == 0x10002
+                pc += 1
+        cut = round(percent / 100 * 2 ** 32)
+        for rand in (0, 1, int(cut) - 1, int(cut), int(cut) + 1, 2 ** 32 - 1):
+            if 0 <= rand < 2 ** 32:
+                assert dropped(rand) == (rand < cut), (percent, rand)
+
+
 def test_constructor_rejects_bad_shapes():
     with pytest.raises(ec.ClusterError, match="--nodes 0"):
         ec.EmulatedCluster(nodes=0, prefix=PREFIX)
@@ -45,6 +100,14 @@ def test_constructor_rejects_bad_shapes():
         ec.EmulatedCluster(prefix="c8 t")
     with pytest.raises(ec.ClusterError, match="'slow'"):
         ec.EmulatedCluster(rate="slow", prefix=PREFIX)
+    with pytest.raises(ec.ClusterError, match="--jitter 1ms: needs --delay"):
+        ec.EmulatedCluster(jitter="1ms", prefix=PREFIX)
+    with pytest.raises(ec.ClusterError, match="--delay 'bogus'"):
+        ec.EmulatedCluster(delay="bogus", prefix=PREFIX)
+    with pytest.raises(ec.ClusterError, match="--loss '150%'"):
+        ec.EmulatedCluster(loss="150%", prefix=PREFIX)
+    with pytest.raises(ec.ClusterError, match="--node 2: the cluster has nodes 0 to 1"):
+        ec.EmulatedCluster(nodes=2, prefix=PREFIX).set_link(2, False)
 
 
 def _fake_tools(folder):
@@ -157,8 +220,8 @@ def make_cluster(netns_ok):
     """make_cluster(nodes, rate) → an up cluster of prefix c8t, torn down after the test."""
     made = []
 
-    def make(nodes=2, rate="1gbit", delay=""):
-        c = ec.EmulatedCluster(nodes=nodes, rate=rate, delay=delay, prefix=PREFIX)
+    def make(nodes=2, rate="1gbit", **link):
+        c = ec.EmulatedCluster(nodes=nodes, rate=rate, prefix=PREFIX, **link)
         made.append(c)
         return c.up()
 
@@ -191,9 +254,15 @@ def test_up_makes_nodes_plus_switch_with_hosts_files(make_cluster):
 
 @pytest.mark.mpi
 @pytest.mark.timeout(60)
-def test_up_that_fails_midway_leaves_nothing(netns_ok):
-    # tc rejects the delay only after the switch and node 0 exist
-    c = ec.EmulatedCluster(nodes=2, rate="1gbit", delay="bogus", prefix=PREFIX)
+def test_up_that_fails_midway_leaves_nothing(netns_ok, monkeypatch):
+    # tc rejects node 1's shaping only after the switch and node 0 exist
+    shaping = ec._shaping
+
+    def failing_for_node_1(ns, dev, *args):
+        cmds = shaping(ns, dev, *args)
+        return [c + ["bogus"] for c in cmds] if ns == f"{PREFIX}-n1" else cmds
+    monkeypatch.setattr(ec, "_shaping", failing_for_node_1)
+    c = ec.EmulatedCluster(nodes=2, rate="1gbit", prefix=PREFIX)
     try:
         with pytest.raises(ec.ClusterError, match="tc qdisc"):
             c.up()
@@ -202,20 +271,60 @@ def test_up_that_fails_midway_leaves_nothing(netns_ok):
         c.down()
 
 
+def _qdiscs(where, dev):
+    return subprocess.run(["ip", "netns", "exec", where, "tc", "qdisc", "show", "dev", dev],
+                          capture_output=True, text=True).stdout
+
+
 @pytest.mark.mpi
 @pytest.mark.timeout(60)
-def test_delay_adds_netem_before_the_bucket(make_cluster):
+def test_delay_and_jitter_add_netem_before_the_bucket(make_cluster):
     try:
-        c = make_cluster(nodes=2, rate="1gbit", delay="50us")
+        c = make_cluster(nodes=2, rate="1gbit", delay="1ms", jitter="0.5ms")
     except ec.ClusterError as e:
-        if "qdisc kind is unknown" in str(e):
+        if "netem" in str(e):
             pytest.skip(f"no netem in this kernel: {e}")
         raise
     for where, dev in ((c.ns(1), "eth0"), (c.switch, "p1")):
-        qdisc = subprocess.run(["ip", "netns", "exec", where, "tc", "qdisc", "show", "dev", dev],
-                               capture_output=True, text=True).stdout
-        assert "netem 1: root" in qdisc and "delay 50us" in qdisc, qdisc
+        qdisc = _qdiscs(where, dev)
+        assert "netem 1: root" in qdisc and re.search(r"delay 1ms\s+500us", qdisc), qdisc
         assert "tbf 10: parent 1:1" in qdisc and "1Gbit" in qdisc, qdisc
+
+
+def _root_counts(where, dev):
+    """(packets sent, packets dropped) by the root qdisc of ``dev``."""
+    text = subprocess.run(["ip", "netns", "exec", where, "tc", "-s", "-j", "qdisc", "show", "dev",
+                           dev], capture_output=True, text=True, check=True).stdout
+    root = [q for q in json.loads(text) if q.get("root")][0]
+    return root["packets"], root["drops"]
+
+
+BROADCASTS = """\
+import socket
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.setsockopt(socket.SOL_SOCKET, socket.SO_BROADCAST, 1)
+for _ in range(4000):
+    s.sendto(b"x", ("10.208.0.255", 9))
+"""
+
+
+@pytest.mark.mpi
+@pytest.mark.timeout(60)
+def test_loss_drops_the_share_asked_for_at_each_link_end(make_cluster):
+    c = make_cluster(nodes=2, rate="1gbit", loss="10%")
+    for where, dev in ((c.ns(0), "eth0"), (c.switch, "p1")):
+        qdisc = _qdiscs(where, dev)
+        assert "htb 1: root" in qdisc and "pfifo 2: parent 1:2 limit 0p" in qdisc, qdisc
+        assert "tbf 10: parent 1:1" in qdisc and "1Gbit" in qdisc, qdisc
+    before = _root_counts(c.ns(0), "eth0")
+    # broadcasts need no neighbour (ARP) answer, so every one of them reaches the qdisc
+    subprocess.run(c.in_node(0, [sys.executable, "-c", BROADCASTS]), check=True, timeout=30)
+    sent, dropped = (a - b for a, b in zip(_root_counts(c.ns(0), "eth0"), before))
+    n = sent + dropped
+    assert n >= 4000
+    # binomial(n, 0.1): a standard deviation of about 19 packets; 5 of them either way
+    assert abs(dropped - 0.1 * n) < 5 * (n * 0.1 * 0.9) ** 0.5, (dropped, n)
+    assert c.losses()[c.host(0)] >= dropped
 
 
 @pytest.mark.mpi
