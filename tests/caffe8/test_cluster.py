@@ -11,6 +11,7 @@ import os
 import re
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -442,3 +443,123 @@ def test_two_node_fp8_training_across_the_namespaces(make_cluster, in_digits_cwd
     for host in after:
         received = after[host]["rx_bytes"] - before[host]["rx_bytes"]
         assert iters * params <= received < 4 * iters * params, (host, received, params)
+
+
+# --- a link that is not clean, and one that goes down -----------------------------------------
+# digits on 2 nodes of one process each: the solver says so (processes_per_node: 1), so a run of
+# 2 processes on one machine sums in the same order and gives the same bytes as one across the
+# emulated nodes, whatever carries them.
+ITERS = 60
+
+
+def two_node_solver(folder):
+    """The digits solver for 2 one-process nodes, ITERS iterations, binary-proto snapshots every
+    20, a 2 s comm.stall_timeout; returns its path (snapshots in folder/snap/)."""
+    return write_solver(folder, max_iter=ITERS, display=20, test_interval=ITERS, test_iter=[2],
+                        snapshot=20, snapshot_format="BINARYPROTO",
+                        comm=dict(processes_per_node=1, warmup_fp32_iters=5,
+                                  quantile_interval=10, consistency_check_interval=20,
+                                  stall_timeout=2))
+
+
+def train_argv(python, solver, *flags):
+    return [python, "-m", "caffe8.cli", "train", "--solver", str(solver), *flags]
+
+
+def final_model(folder):
+    with open(os.path.join(str(folder), "snap", f"digits_iter_{ITERS}.caffemodel"), "rb") as f:
+        return f.read()
+
+
+def run_on_one_machine(python, folder, cwd):
+    """``mpiexec -n 2`` of two_node_solver beside ``python`` (its venv's MPI); (status, log)."""
+    solver = two_node_solver(folder)
+    mpiexec = os.path.join(os.path.dirname(python), "mpiexec")
+    # Open MPI refuses root unless told (harmless to the others)
+    env = dict(os.environ, PYTHONPATH=REPO, OMPI_ALLOW_RUN_AS_ROOT="1",
+               OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    r = subprocess.run([mpiexec, "-n", "2"] + train_argv(python, solver), cwd=str(cwd), env=env,
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=120)
+    return r.returncode, r.stdout
+
+
+@pytest.fixture(scope="session")
+def reference_model(digits_root, tmp_path_factory):  # noqa: F811
+    """The final model of the 2-process digits run under MPICH on one machine, no link."""
+    pytest.importorskip("mpi4py")
+    folder = tmp_path_factory.mktemp("reference")
+    rc, log = run_on_one_machine(sys.executable, folder, digits_root)
+    assert rc == 0, log[-3000:]
+    return final_model(folder)
+
+
+def run_on_cluster(cluster, folder, cwd, *flags, python=sys.executable, timeout=100):
+    """two_node_solver trained on ``cluster`` (one process a node) by ``python`` and the
+    mpiexec beside it; (status, log)."""
+    solver = two_node_solver(folder)
+    log = os.path.join(str(folder), "train.log")
+    with open(log, "w") as f:
+        rc = cluster.run(train_argv(python, solver, *flags), ppn=1, timeout=timeout,
+                         env={"PYTHONPATH": REPO}, stdout=f, cwd=str(cwd),
+                         mpiexec=os.path.join(os.path.dirname(python), "mpiexec"))
+    with open(log) as f:
+        return rc, f.read()
+
+
+@pytest.mark.mpi
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("link", [dict(loss="1%"), dict(delay="1ms", jitter="0.5ms", loss="0.1%")],
+                         ids=["loss 1%", "delay 1ms +- 0.5ms, loss 0.1%"])
+def test_a_lossy_link_ends_training_with_the_clean_bytes(make_cluster, digits_root,  # noqa: F811
+                                                          reference_model, tmp_path, link):
+    """TCP resends what the link drops and reorders: the same model, byte for byte."""
+    try:
+        c = make_cluster(nodes=2, rate="1gbit", **link)
+    except ec.ClusterError as e:
+        if "netem" in str(e):
+            pytest.skip(f"no netem in this kernel: {e}")
+        raise
+    rc, log = run_on_cluster(c, tmp_path, digits_root)
+    assert rc == 0, log[-3000:]
+    assert "2 processes on 2 nodes" in log, log[-3000:]
+    lost = c.losses()
+    assert all(n > 0 for n in lost.values()) or link["loss"] == "0.1%", lost  # it did lose
+    assert final_model(tmp_path) == reference_model
+
+
+@pytest.mark.mpi
+@pytest.mark.timeout(150)
+def test_a_pulled_link_ends_the_job_in_one_line_and_its_snapshot_resumes(
+        make_cluster, digits_root, reference_model, tmp_path):  # noqa: F811
+    """Node 1's cable pulled after the first snapshot: rank 0's watchdog names rank 1 after
+    comm.stall_timeout (2 s) and the job ends, no hang; with the link back, ``--snapshot latest``
+    resumes from the last snapshot and ends with the bytes of a run that never lost its link."""
+    c = make_cluster(nodes=2, rate="1gbit")
+    first = tmp_path / "snap" / "digits_iter_20.caffemodel"
+    pulled = []
+
+    def pull():
+        deadline = time.monotonic() + 60
+        while not first.exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        c.set_link(1, False)
+        pulled.append(time.monotonic())
+    puller = threading.Thread(target=pull, daemon=True)
+    puller.start()
+    rc, log = run_on_cluster(c, tmp_path, digits_root)
+    ended = time.monotonic()
+    puller.join()
+    assert rc != 0 and first.exists(), log[-3000:]
+    errors = [line for line in log.splitlines() if "error" in line.lower()]
+    assert len(errors) == 1, log[-3000:]
+    assert errors[0].startswith("[rank 0] caffe8: error:") and "comm.stall_timeout 2 s" in \
+        errors[0] and "waiting for rank 1 does not answer" in errors[0], errors
+    # stall_timeout, then up to a second of census, 3 s for the ranks to agree on a clean end
+    # (rank 1 never does), MPI_Abort; slack for a loaded machine
+    assert ended - pulled[0] < 2 + 1 + 3 + 6, ended - pulled[0]
+    assert f"digits_iter_{ITERS}" not in log  # it did end early
+    c.set_link(1, True)
+    rc, log = run_on_cluster(c, tmp_path, digits_root, "--snapshot", "latest")
+    assert rc == 0, log[-3000:]
+    assert re.search(r"Latest complete snapshot of .*: iteration (20|40) ", log), log[-3000:]
+    assert final_model(tmp_path) == reference_model
