@@ -1,5 +1,5 @@
 """An emulated cluster on one machine: N nodes as network namespaces behind a shaped switch
-(``caffe8 cluster up|run|counters|down``, the command line: ``caffe8.tools.cluster``).
+(``caffe8 cluster up|run|exec|link|counters|down``, the command line: ``caffe8.tools.cluster``).
 
 Each node is a network namespace ``<prefix>-n<i>`` whose only link, ``eth0`` (address
 10.208.0.<i+1>/24 by default), goes to port ``p<i>`` of a bridge in a switch namespace
@@ -23,7 +23,7 @@ would find the other "node"'s memory on the same machine and never use the link)
 ``UCX_NET_DEVICES``/``FI_TCP_IFACE``/``btl_tcp_if_include`` ``eth0``. On a real cluster the
 same job needs only the launcher's own host list (``-hosts``/``-f hostfile``, or Slurm's
 ``srun``) and, where several networks exist, the interface and transport selection
-(docs/MPI.md, "On a cluster").
+(docs/MPI.md, "Across nodes"; README, "On a cluster").
 
 From Python (the cluster benchmark and the tests use it so)::
 
@@ -404,9 +404,37 @@ class EmulatedCluster:
         ``cwd`` / ``process_env``: the job's working folder and environment (default ours).
 
         Ctrl-C, a timeout or any error kills the whole job (every process in the namespaces)."""
-        cmd = self.mpiexec_argv(argv, ppn, mpiexec, env, mpmd)
+        return self._supervise(self.mpiexec_argv(argv, ppn, mpiexec, env, mpmd), argv, timeout,
+                               stdout, cwd, process_env)
+
+    def login_env(self):
+        """Variables under which a command for a real cluster runs here as written: each MPI's
+        launcher reaches the other nodes through the launcher script where it would use ssh
+        (MPICH's and Intel MPI's Hydra, Open MPI's PRRTE), without binding or pinning (the
+        nodes share this machine's cores), Open MPI allowed to run as root, and the link
+        variables of ``run``."""
+        return {**LINK_ENV, **SHARED_CORES_ENV,
+                "HYDRA_LAUNCHER": "ssh", "HYDRA_LAUNCHER_EXEC": self.launcher,
+                "I_MPI_HYDRA_BOOTSTRAP": "ssh", "I_MPI_HYDRA_BOOTSTRAP_EXEC": self.launcher,
+                "PRTE_MCA_plm_ssh_agent": self.launcher, "PRTE_MCA_plm_ssh_no_tree_spawn": "1",
+                "PRTE_MCA_hwloc_default_binding_policy": "none",
+                "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
+
+    def exec(self, argv, node=0, timeout=None, stdout=None, cwd=None):
+        """Run ``argv`` (a shell for a session) in node ``node`` as on a cluster's login node,
+        under ``login_env()``: ``mpiexec -f hostfile ...`` or ``mpirun --hostfile ...`` then
+        start their processes on the nodes the file names. Returns the exit status; every
+        process left in the namespaces afterwards is killed."""
+        if not 0 <= int(node) < self.nodes:
+            raise ClusterError(f"--node {node}: the cluster has nodes 0 to {self.nodes - 1}")
+        env = {**os.environ, **self.login_env()}
+        # an interactive shell keeps the terminal: no session of its own
+        return self._supervise(self.in_node(node, argv), argv, timeout, stdout, cwd, env,
+                               session=stdout is not None or not sys.stdin.isatty())
+
+    def _supervise(self, cmd, argv, timeout, stdout, cwd, env, session=True):
         proc = subprocess.Popen(cmd, stdout=stdout, stderr=subprocess.STDOUT if stdout else None,
-                                cwd=cwd, env=process_env, start_new_session=True)
+                                cwd=cwd, env=env, start_new_session=session)
         try:
             return proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
@@ -415,7 +443,7 @@ class EmulatedCluster:
         finally:
             if proc.poll() is None:
                 try:
-                    os.killpg(proc.pid, signal.SIGKILL)
+                    os.killpg(proc.pid, signal.SIGKILL) if session else proc.kill()
                 except ProcessLookupError:
                     pass
                 proc.wait()

@@ -1,11 +1,13 @@
-"""``caffe8 cluster up|run|counters|down``: an emulated cluster on this machine (as root): N
-nodes as network namespaces on a switch whose links ``tc`` shapes to ``--rate``, MPICH's
-mpiexec over TCP between them (``caffe8.cluster``; docs/MPI.md, "An emulated cluster")::
+"""``caffe8 cluster up|run|exec|link|counters|down``: an emulated cluster on this machine (as
+root): N nodes as network namespaces on a switch whose links ``tc`` shapes to ``--rate`` (with
+``--delay``, ``--jitter``, ``--loss``), the venv's mpiexec (MPICH, Open MPI or Intel MPI) over
+TCP between them (``caffe8.cluster``; docs/MPI.md, "Across nodes")::
 
     caffe8 cluster up --nodes 2 --rate 1gbit [--delay 1ms --jitter 0.5ms] [--loss 0.1%]
     caffe8 cluster run --ppn 1 -- caffe8 train -solver S
     caffe8 cluster counters
     caffe8 cluster link --node 1 down      # pull node 1's cable (and 'up' to plug it back)
+    caffe8 cluster exec [-- CMD]            # a shell (or CMD) in node 0, as on a login node
     caffe8 cluster down
 
     # or all three in one, always torn down afterwards (also on an error or Ctrl-C):
@@ -18,8 +20,8 @@ import argparse
 import sys
 
 NAME = "cluster"
-HELP = ("an emulated cluster of network namespaces on tc-shaped links, as root (up, run, "
-        "counters, down; caffe8 cluster --help lists them)")
+HELP = ("an emulated cluster of network namespaces on tc-shaped links, as root (up, run, exec, "
+        "link, counters, down; caffe8 cluster --help lists them)")
 GROUP = "cluster"
 #: the dispatcher hands everything after the name to run() as args.rest
 RAW_ARGUMENTS = True
@@ -59,6 +61,12 @@ def parser():
     run_.add_argument("--ppn", type=int, default=1, help="processes per node")
     run_.add_argument("--timeout", type=float, default=None, help="seconds before it is killed")
     run_.add_argument("cmd", nargs=argparse.REMAINDER, help="-- CMD ...")
+    exec_ = sub.add_parser("exec", parents=[common], help="run CMD (default: a shell) in a node "
+                           "as on a cluster's login node, where commands for a real cluster "
+                           "(mpiexec -f HOSTFILE, mpirun --hostfile) run as written")
+    exec_.add_argument("--node", type=int, default=0, help="the node (default 0)")
+    exec_.add_argument("--timeout", type=float, default=None, help="seconds before it is killed")
+    exec_.add_argument("cmd", nargs=argparse.REMAINDER, help="-- CMD ...")
     return ap
 
 
@@ -74,6 +82,7 @@ def run(args):
 
 def _dispatch(args, ap):
     import json
+    import os
     import shlex
     from caffe8.cluster import EmulatedCluster
     shape = {}
@@ -102,6 +111,9 @@ def _dispatch(args, ap):
         print(f"link: {c.host(args.node)}'s link is {args.state}")
         return 0
     cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
+    if args.verb == "exec":
+        c = EmulatedCluster.load(args.prefix)
+        return c.exec(cmd or [os.environ.get("SHELL") or "/bin/sh"], args.node, args.timeout)
     if not cmd:
         ap.error("run: give the command after --")
     # A one-shot run when the shape is given on the command line; else the cluster that is up.

@@ -563,3 +563,20 @@ def test_a_pulled_link_ends_the_job_in_one_line_and_its_snapshot_resumes(
     assert rc == 0, log[-3000:]
     assert re.search(r"Latest complete snapshot of .*: iteration (20|40) ", log), log[-3000:]
     assert final_model(tmp_path) == reference_model
+
+
+@pytest.mark.mpi
+@pytest.mark.timeout(60)
+def test_exec_runs_a_real_clusters_hostfile_command_as_written(make_cluster, tmp_path):
+    """In ``exec``'s node-0 shell, Hydra's ``mpiexec -f hosts`` reaches the other node as it
+    would over ssh: one process on each host the file names."""
+    c = make_cluster(nodes=2)
+    mpiexec = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+    line = (f"printf '{PREFIX}-node0:1\\n{PREFIX}-node1:1\\n' > hosts && "
+            f"{mpiexec} -f hosts -ppn 1 -n 2 hostname")
+    out = tmp_path / "out"
+    with open(out, "w") as f:
+        assert c.exec(["sh", "-c", line], stdout=f, cwd=str(tmp_path), timeout=45) == 0
+    assert sorted(out.read_text().split()) == [f"{PREFIX}-node0", f"{PREFIX}-node1"]
+    for i in range(2):
+        assert _pids(c.ns(i)) == []  # nothing left behind
