@@ -408,7 +408,8 @@ def _cluster_run(cluster, argv, ppn, log, timeout, mpmd=False, nodes=None, real=
     sub = cluster
     if nodes is not None and nodes != cluster.nodes:
         sub = EmulatedCluster(nodes, cluster.rate, cluster.delay, cluster.prefix, cluster.subnet,
-                              cluster.dilation, cluster.cpu is not None)
+                              jitter=cluster.jitter, loss=cluster.loss,
+                              dilation=cluster.dilation, cpu_groups=cluster.cpu is not None)
     with open(log, "w", encoding="utf-8") as out:
         try:
             return sub.run(argv, ppn, timeout, env=REAL_COMPUTE_ENV if real else None,

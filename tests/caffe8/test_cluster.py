@@ -1,14 +1,17 @@
-"""caffe8.cluster: rate parsing, the Hydra launcher script, the tools it needs (no namespaces
-needed), then real clusters (skipped where network namespaces cannot be made): namespaces and
-hosts files, per-node hostnames, MPI data on the shaped link, teardown after a failure and a
-timeout, and a 2-node fp8 digits training across the namespaces. The command line,
-``caffe8 cluster``: tests/caffe8/tools/test_cluster_tool.py.
+"""caffe8.cluster: rate, delay and loss parsing, the launcher script, the tools it needs (no
+namespaces needed), then real clusters (skipped where network namespaces cannot be made):
+namespaces and hosts files, per-node hostnames, MPI data on the shaped link, the loss rate,
+teardown after a failure and a timeout, a 2-node fp8 digits training across the namespaces, the
+same bytes over a lossy link, and a link pulled mid-run. The command line, ``caffe8 cluster``:
+tests/caffe8/tools/test_cluster_tool.py; the MPIs: tests/caffe8/test_mpis.py.
 
 Every cluster here uses the prefix "c8t" (never the default "c8", which others may be using)."""
+import json
 import os
 import re
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -38,6 +41,59 @@ def test_parse_rate_rejects_with_the_value_in_the_message(text):
     assert repr(text) in str(e.value) and "1gbit" in str(e.value)
 
 
+@pytest.mark.parametrize("text, seconds", [("1ms", 1e-3), ("500us", 5e-4), ("0.5MS", 5e-4),
+                                           ("2s", 2.0), ("0us", 0.0)])
+def test_parse_time(text, seconds):
+    assert ec.parse_time(text, "--delay") == pytest.approx(seconds)
+
+
+@pytest.mark.parametrize("text", ["1", "ms", "-1ms", "nanms", "1e9s", "1 hour", "fast", ""])
+def test_parse_time_rejects_with_the_flag_and_value_in_the_message(text):
+    with pytest.raises(ec.ClusterError) as e:
+        ec.parse_time(text, "--jitter")
+    assert str(e.value).startswith(f"--jitter {text!r}:") and "500us" in str(e.value)
+
+
+@pytest.mark.parametrize("text, percent", [("0.1%", 0.1), ("0.1", 0.1), (" 5 % ", 5.0),
+                                           ("100%", 100.0), ("0", 0.0), (0.25, 0.25)])
+def test_parse_loss(text, percent):
+    assert ec.parse_loss(text) == percent
+
+
+@pytest.mark.parametrize("text", ["-0.1%", "101%", "nan", "lots", "%", "0.1%%"])
+def test_parse_loss_rejects_with_the_value_in_the_message(text):
+    with pytest.raises(ec.ClusterError) as e:
+        ec.parse_loss(text)
+    assert str(e.value).startswith(f"--loss {text!r}:") and "0.1%" in str(e.value)
+
+
+def test_loss_classifier_drops_the_share_asked_for():
+    """The classic BPF program, interpreted here on the random numbers the kernel would draw:
+    it drops exactly the numbers below loss x 2^32 (rounded: the share asked for to 2^-32)."""
+    for percent in (0.1, 12.5, 50.0, 100.0):
+        code = ec._loss_bytecode(percent).split(",")
+        assert int(code[0]) == len(code) - 1
+        prog = [tuple(int(w) for w in ins.split()) for ins in code[1:]]
+
+        def dropped(rand):
+            pc = 0
+            while True:
+                op, jt, jf, k = prog[pc]
+                if op == 0x20:                       # ld [SKF_AD_OFF + SKF_AD_RANDOM]
+                    assert k == (-4096 + 56) % 2 ** 32
+                    a = rand
+                elif op == 0x35:                     # jge #k
+                    pc += jt if a >= k else jf
+                elif op == 0x06:                     # ret #k: classid 1:2 drops, 0 passes
+                    assert k in (0, 0x10002)
+                    return k == 0x10002
+                pc += 1
+        cut = round(percent / 100 * 2 ** 32)
+        for rand in (0, 1, int(cut) - 1, int(cut), int(cut) + 1, 2 ** 32 - 1):
+            if 0 <= rand < 2 ** 32:
+                assert dropped(rand) == (rand < cut), (percent, rand)
+
+
 def test_constructor_rejects_bad_shapes():
     with pytest.raises(ec.ClusterError, match="--nodes 0"):
         ec.EmulatedCluster(nodes=0, prefix=PREFIX)
@@ -45,6 +101,14 @@ def test_constructor_rejects_bad_shapes():
         ec.EmulatedCluster(prefix="c8 t")
     with pytest.raises(ec.ClusterError, match="'slow'"):
         ec.EmulatedCluster(rate="slow", prefix=PREFIX)
+    with pytest.raises(ec.ClusterError, match="--jitter 1ms: needs --delay"):
+        ec.EmulatedCluster(jitter="1ms", prefix=PREFIX)
+    with pytest.raises(ec.ClusterError, match="--delay 'bogus'"):
+        ec.EmulatedCluster(delay="bogus", prefix=PREFIX)
+    with pytest.raises(ec.ClusterError, match="--loss '150%'"):
+        ec.EmulatedCluster(loss="150%", prefix=PREFIX)
+    with pytest.raises(ec.ClusterError, match="--node 2: the cluster has nodes 0 to 1"):
+        ec.EmulatedCluster(nodes=2, prefix=PREFIX).set_link(2, False)
 
 
 def _fake_tools(folder):
@@ -157,9 +221,8 @@ def make_cluster(netns_ok):
     """make_cluster(nodes, rate) → an up cluster of prefix c8t, torn down after the test."""
     made = []
 
-    def make(nodes=2, rate="1gbit", delay="", dilation=1.0, cpu_groups=False):
-        c = ec.EmulatedCluster(nodes=nodes, rate=rate, delay=delay, prefix=PREFIX,
-                               dilation=dilation, cpu_groups=cpu_groups)
+    def make(nodes=2, rate="1gbit", **link):
+        c = ec.EmulatedCluster(nodes=nodes, rate=rate, prefix=PREFIX, **link)
         made.append(c)
         return c.up()
 
@@ -192,9 +255,15 @@ def test_up_makes_nodes_plus_switch_with_hosts_files(make_cluster):
 
 @pytest.mark.mpi
 @pytest.mark.timeout(60)
-def test_up_that_fails_midway_leaves_nothing(netns_ok):
-    # tc rejects the delay only after the switch and node 0 exist
-    c = ec.EmulatedCluster(nodes=2, rate="1gbit", delay="bogus", prefix=PREFIX)
+def test_up_that_fails_midway_leaves_nothing(netns_ok, monkeypatch):
+    # tc rejects node 1's shaping only after the switch and node 0 exist
+    shaping = ec._shaping
+
+    def failing_for_node_1(ns, dev, *args):
+        cmds = shaping(ns, dev, *args)
+        return [c + ["bogus"] for c in cmds] if ns == f"{PREFIX}-n1" else cmds
+    monkeypatch.setattr(ec, "_shaping", failing_for_node_1)
+    c = ec.EmulatedCluster(nodes=2, rate="1gbit", prefix=PREFIX)
     try:
         with pytest.raises(ec.ClusterError, match="tc qdisc"):
             c.up()
@@ -203,20 +272,60 @@ def test_up_that_fails_midway_leaves_nothing(netns_ok):
         c.down()
 
 
+def _qdiscs(where, dev):
+    return subprocess.run(["ip", "netns", "exec", where, "tc", "qdisc", "show", "dev", dev],
+                          capture_output=True, text=True).stdout
+
+
 @pytest.mark.mpi
 @pytest.mark.timeout(60)
-def test_delay_adds_netem_before_the_bucket(make_cluster):
+def test_delay_and_jitter_add_netem_before_the_bucket(make_cluster):
     try:
-        c = make_cluster(nodes=2, rate="1gbit", delay="50us")
+        c = make_cluster(nodes=2, rate="1gbit", delay="1ms", jitter="0.5ms")
     except ec.ClusterError as e:
-        if "qdisc kind is unknown" in str(e):
+        if "netem" in str(e):
             pytest.skip(f"no netem in this kernel: {e}")
         raise
     for where, dev in ((c.ns(1), "eth0"), (c.switch, "p1")):
-        qdisc = subprocess.run(["ip", "netns", "exec", where, "tc", "qdisc", "show", "dev", dev],
-                               capture_output=True, text=True).stdout
-        assert "netem 1: root" in qdisc and "delay 50us" in qdisc, qdisc
+        qdisc = _qdiscs(where, dev)
+        assert "netem 1: root" in qdisc and re.search(r"delay 1ms\s+500us", qdisc), qdisc
         assert "tbf 10: parent 1:1" in qdisc and "1Gbit" in qdisc, qdisc
+
+
+def _root_counts(where, dev):
+    """(packets sent, packets dropped) by the root qdisc of ``dev``."""
+    text = subprocess.run(["ip", "netns", "exec", where, "tc", "-s", "-j", "qdisc", "show", "dev",
+                           dev], capture_output=True, text=True, check=True).stdout
+    root = [q for q in json.loads(text) if q.get("root")][0]
+    return root["packets"], root["drops"]
+
+
+BROADCASTS = """\
+import socket
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.setsockopt(socket.SOL_SOCKET, socket.SO_BROADCAST, 1)
+for _ in range(4000):
+    s.sendto(b"x", ("10.208.0.255", 9))
+"""
+
+
+@pytest.mark.mpi
+@pytest.mark.timeout(60)
+def test_loss_drops_the_share_asked_for_at_each_link_end(make_cluster):
+    c = make_cluster(nodes=2, rate="1gbit", loss="10%")
+    for where, dev in ((c.ns(0), "eth0"), (c.switch, "p1")):
+        qdisc = _qdiscs(where, dev)
+        assert "htb 1: root" in qdisc and "pfifo 2: parent 1:2 limit 0p" in qdisc, qdisc
+        assert "tbf 10: parent 1:1" in qdisc and "1Gbit" in qdisc, qdisc
+    before = _root_counts(c.ns(0), "eth0")
+    # broadcasts need no neighbour (ARP) answer, so every one of them reaches the qdisc
+    subprocess.run(c.in_node(0, [sys.executable, "-c", BROADCASTS]), check=True, timeout=30)
+    sent, dropped = (a - b for a, b in zip(_root_counts(c.ns(0), "eth0"), before))
+    n = sent + dropped
+    assert n >= 4000
+    # binomial(n, 0.1): a standard deviation of about 19 packets; 5 of them either way
+    assert abs(dropped - 0.1 * n) < 5 * (n * 0.1 * 0.9) ** 0.5, (dropped, n)
+    assert c.losses()[c.host(0)] >= dropped
 
 
 @pytest.mark.mpi
@@ -337,19 +446,24 @@ def test_two_node_fp8_training_across_the_namespaces(make_cluster, in_digits_cwd
 
 
 # --- time dilation ---------------------------------------------------------------------------
-def test_scale_time_multiplies_tc_times():
-    assert ec.scale_time("50us", 4) == "200.000us"
-    assert ec.scale_time("1.5ms", 2) == "3000.000us"
-    assert ec.scale_time("2s", 1) == "2000000.000us"
-    with pytest.raises(ec.ClusterError, match="--delay 'fast'"):
-        ec.scale_time("fast", 2)
-
-
 def test_dilation_needed_gives_each_process_a_core_once_they_outnumber_the_cores():
     assert ec.dilation_needed(1, cores=2) == ec.dilation_needed(2, cores=2) == 1.0
     for p in (3, 4, 8, 16):
         k = ec.dilation_needed(p, cores=2)
         assert p / k <= ec.CORE_SHARE * 2 < p / (k - 0.5), (p, k)   # sound, and the least so
+
+
+def test_dilation_slows_the_links_tc_rate_delay_and_jitter_by_k(monkeypatch):
+    """What tc is told (no kernel needed): rate / k; delay and jitter x k."""
+    sent = []
+    monkeypatch.setattr(ec, "_sh", lambda args, check=True, capture=False: sent.append(args))
+    c = ec.EmulatedCluster(nodes=2, rate="1gbit", delay="50us", jitter="10us", dilation=4,
+                           prefix=PREFIX)
+    c._shape("ns", "dev")
+    netem = [a for a in sent if "netem" in a][0]
+    assert netem[netem.index("delay") + 1:][:2] == ["200us", "40us"], netem
+    tbf = [a for a in sent if "tbf" in a][0]
+    assert tbf[tbf.index("rate") + 1] == "250000000bit", tbf
 
 
 def test_dilation_out_of_range_is_one_clear_error():
@@ -373,16 +487,16 @@ def _cpu_seconds_and_wall(c, node, tmp_path):
 @pytest.mark.timeout(90)
 def test_dilation_slows_the_nodes_cpu_and_link_by_k_and_leaves_nothing(make_cluster, tmp_path):
     try:
-        c = make_cluster(nodes=2, rate="1gbit", delay="50us", dilation=4)
+        c = make_cluster(nodes=2, rate="1gbit", dilation=4)
     except ec.ClusterError as e:
-        if "qdisc kind is unknown" in str(e) or "cgroup" in str(e):
-            pytest.skip(f"no netem or no CPU cgroups here: {e}")
+        if "cgroup" in str(e):
+            pytest.skip(f"no CPU cgroups here: {e}")
         raise
-    # the link: rate / 4 and delay x 4 on both ends
+    # the link: rate / 4 on both ends
     for where, dev in ((c.ns(1), "eth0"), (c.switch, "p1")):
         qdisc = subprocess.run(["ip", "netns", "exec", where, "tc", "qdisc", "show", "dev", dev],
                                capture_output=True, text=True).stdout
-        assert "delay 200us" in qdisc and "250Mbit" in qdisc, qdisc
+        assert "250Mbit" in qdisc, qdisc
     # the host: a CPU-bound loop in a node gets a quarter of a core (wall ~ 4 x its CPU time)
     cpu, wall = _cpu_seconds_and_wall(c, 1, tmp_path)
     assert wall > 3.0 * cpu, (cpu, wall)
@@ -398,7 +512,7 @@ def test_dilation_slows_the_nodes_cpu_and_link_by_k_and_leaves_nothing(make_clus
 @pytest.mark.timeout(90)
 def test_reshape_changes_rate_and_dilation_of_a_cluster_that_is_up(make_cluster, tmp_path):
     try:
-        c = make_cluster(nodes=2, rate="1gbit", cpu_groups=True)
+        c = make_cluster(nodes=2, rate="1gbit", loss="1%", cpu_groups=True)
     except ec.ClusterError as e:
         if "cgroup" in str(e):
             pytest.skip(f"no CPU cgroups here: {e}")
@@ -411,3 +525,140 @@ def test_reshape_changes_rate_and_dilation_of_a_cluster_that_is_up(make_cluster,
     assert "250Mbit" in qdisc, qdisc
     cpu, wall = _cpu_seconds_and_wall(c, 0, tmp_path)
     assert wall > 1.6 * cpu, (cpu, wall)
+
+
+# --- a link that is not clean, and one that goes down -----------------------------------------
+# digits on 2 nodes of one process each: the solver says so (processes_per_node: 1), so a run of
+# 2 processes on one machine sums in the same order and gives the same bytes as one across the
+# emulated nodes, whatever carries them.
+ITERS = 60
+
+
+def two_node_solver(folder):
+    """The digits solver for 2 one-process nodes, ITERS iterations, binary-proto snapshots every
+    20, a 2 s comm.stall_timeout; returns its path (snapshots in folder/snap/)."""
+    return write_solver(folder, max_iter=ITERS, display=20, test_interval=ITERS, test_iter=[2],
+                        snapshot=20, snapshot_format="BINARYPROTO",
+                        comm=dict(processes_per_node=1, warmup_fp32_iters=5,
+                                  quantile_interval=10, consistency_check_interval=20,
+                                  stall_timeout=2))
+
+
+def train_argv(python, solver, *flags):
+    return [python, "-m", "caffe8.cli", "train", "--solver", str(solver), *flags]
+
+
+def final_model(folder):
+    with open(os.path.join(str(folder), "snap", f"digits_iter_{ITERS}.caffemodel"), "rb") as f:
+        return f.read()
+
+
+def run_on_one_machine(python, folder, cwd):
+    """``mpiexec -n 2`` of two_node_solver beside ``python`` (its venv's MPI); (status, log)."""
+    solver = two_node_solver(folder)
+    mpiexec = os.path.join(os.path.dirname(python), "mpiexec")
+    # Open MPI refuses root unless told (harmless to the others)
+    env = dict(os.environ, PYTHONPATH=REPO, OMPI_ALLOW_RUN_AS_ROOT="1",
+               OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    r = subprocess.run([mpiexec, "-n", "2"] + train_argv(python, solver), cwd=str(cwd), env=env,
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=120)
+    return r.returncode, r.stdout
+
+
+@pytest.fixture(scope="session")
+def reference_model(digits_root, tmp_path_factory):  # noqa: F811
+    """The final model of the 2-process digits run under MPICH on one machine, no link."""
+    pytest.importorskip("mpi4py")
+    folder = tmp_path_factory.mktemp("reference")
+    rc, log = run_on_one_machine(sys.executable, folder, digits_root)
+    assert rc == 0, log[-3000:]
+    return final_model(folder)
+
+
+def run_on_cluster(cluster, folder, cwd, *flags, python=sys.executable, timeout=100):
+    """two_node_solver trained on ``cluster`` (one process a node) by ``python`` and the
+    mpiexec beside it; (status, log)."""
+    solver = two_node_solver(folder)
+    log = os.path.join(str(folder), "train.log")
+    with open(log, "w") as f:
+        rc = cluster.run(train_argv(python, solver, *flags), ppn=1, timeout=timeout,
+                         env={"PYTHONPATH": REPO}, stdout=f, cwd=str(cwd),
+                         mpiexec=os.path.join(os.path.dirname(python), "mpiexec"))
+    with open(log) as f:
+        return rc, f.read()
+
+
+@pytest.mark.mpi
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("link", [dict(loss="1%"), dict(delay="1ms", jitter="0.5ms", loss="0.1%")],
+                         ids=["loss 1%", "delay 1ms +- 0.5ms, loss 0.1%"])
+def test_a_lossy_link_ends_training_with_the_clean_bytes(make_cluster, digits_root,  # noqa: F811
+                                                          reference_model, tmp_path, link):
+    """TCP resends what the link drops and reorders: the same model, byte for byte."""
+    try:
+        c = make_cluster(nodes=2, rate="1gbit", **link)
+    except ec.ClusterError as e:
+        if "netem" in str(e):
+            pytest.skip(f"no netem in this kernel: {e}")
+        raise
+    rc, log = run_on_cluster(c, tmp_path, digits_root)
+    assert rc == 0, log[-3000:]
+    assert "2 processes on 2 nodes" in log, log[-3000:]
+    lost = c.losses()
+    assert all(n > 0 for n in lost.values()) or link["loss"] == "0.1%", lost  # it did lose
+    assert final_model(tmp_path) == reference_model
+
+
+@pytest.mark.mpi
+@pytest.mark.timeout(150)
+def test_a_pulled_link_ends_the_job_in_one_line_and_its_snapshot_resumes(
+        make_cluster, digits_root, reference_model, tmp_path):  # noqa: F811
+    """Node 1's cable pulled after the first snapshot: rank 0's watchdog names rank 1 after
+    comm.stall_timeout (2 s) and the job ends, no hang; with the link back, ``--snapshot latest``
+    resumes from the last snapshot and ends with the bytes of a run that never lost its link."""
+    c = make_cluster(nodes=2, rate="1gbit")
+    first = tmp_path / "snap" / "digits_iter_20.caffemodel"
+    pulled = []
+
+    def pull():
+        deadline = time.monotonic() + 60
+        while not first.exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        c.set_link(1, False)
+        pulled.append(time.monotonic())
+    puller = threading.Thread(target=pull, daemon=True)
+    puller.start()
+    rc, log = run_on_cluster(c, tmp_path, digits_root)
+    ended = time.monotonic()
+    puller.join()
+    assert rc != 0 and first.exists(), log[-3000:]
+    errors = [line for line in log.splitlines() if "error" in line.lower()]
+    assert len(errors) == 1, log[-3000:]
+    assert errors[0].startswith("[rank 0] caffe8: error:") and "comm.stall_timeout 2 s" in \
+        errors[0] and "waiting for rank 1 does not answer" in errors[0], errors
+    # stall_timeout, then up to a second of census, 3 s for the ranks to agree on a clean end
+    # (rank 1 never does), MPI_Abort; slack for a loaded machine
+    assert ended - pulled[0] < 2 + 1 + 3 + 6, ended - pulled[0]
+    assert f"digits_iter_{ITERS}" not in log  # it did end early
+    c.set_link(1, True)
+    rc, log = run_on_cluster(c, tmp_path, digits_root, "--snapshot", "latest")
+    assert rc == 0, log[-3000:]
+    assert re.search(r"Latest complete snapshot of .*: iteration (20|40) ", log), log[-3000:]
+    assert final_model(tmp_path) == reference_model
+
+
+@pytest.mark.mpi
+@pytest.mark.timeout(60)
+def test_exec_runs_a_real_clusters_hostfile_command_as_written(make_cluster, tmp_path):
+    """In ``exec``'s node-0 shell, Hydra's ``mpiexec -f hosts`` reaches the other node as it
+    would over ssh: one process on each host the file names."""
+    c = make_cluster(nodes=2)
+    mpiexec = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+    line = (f"printf '{PREFIX}-node0:1\\n{PREFIX}-node1:1\\n' > hosts && "
+            f"{mpiexec} -f hosts -ppn 1 -n 2 hostname")
+    out = tmp_path / "out"
+    with open(out, "w") as f:
+        assert c.exec(["sh", "-c", line], stdout=f, cwd=str(tmp_path), timeout=45) == 0
+    assert sorted(out.read_text().split()) == [f"{PREFIX}-node0", f"{PREFIX}-node1"]
+    for i in range(2):
+        assert _pids(c.ns(i)) == []  # nothing left behind
