@@ -1,4 +1,7 @@
-"""mpiexec -n P python prog_device_stage.py PPN        (needs a GPU: every rank uses device 0)
+"""mpiexec -n P python prog_device_stage.py PPN [standin]
+
+On a GPU (every rank uses device 0), or with ``standin`` on the stand-in device
+(tests/device_standin: CUDA IPC as named shared memory, and every stream order checked).
 
 The intra-node stage on the GPUs (comm/ipc.py): an exchange of a net on the GPU sums its buckets
 in the node's device arena (CUDA IPC; processes on one GPU share it as well) and gives the bits
@@ -15,7 +18,8 @@ import numpy
 from fakenet import FakeNet, iterate, make_tensors
 from rankutil import done, ranks_agree, start
 
-world = start()
+STANDIN = sys.argv[2:] == ["standin"]
+world = start(standin=STANDIN)
 from caffe8.comm.config import parse_comm  # noqa: E402
 from caffe8.comm.exchange import Exchange  # noqa: E402
 from caffe8.engine import backend  # noqa: E402
