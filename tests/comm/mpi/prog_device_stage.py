@@ -11,6 +11,7 @@ with PPN processes a node (the node's piece crosses nodes through its host mirro
 one-node reduce-scatter (rsag); every rank ends with the same bytes.
 """
 import os
+import re
 import sys
 
 import numpy
@@ -40,7 +41,11 @@ def run(codec, asynchronous, hierarchical, ipc):
     devices = [d for (name, _), (_, d) in ex.buffers.items() if name == codec]
     summary = ex.shared_memory_summary()
     assert devices and all(transport.on_device(d) for d in devices) == ipc, summary
-    assert ("CUDA IPC" in summary[0]) == ipc, summary
+    if ipc:             # the line says what the buffers are, and no stale reason after it
+        assert re.fullmatch(r"\w+: node-shared GPU wire buffers \(CUDA IPC, [\d.]+ MiB per "
+                            r"process\)", summary[0]), summary
+    else:
+        assert summary[0].endswith("; host memory, not the GPUs': CAFFE8_IPC=0"), summary
     out = []
     for step in range(3):
         net.flat_diff[...] = cp.asarray(numpy.concatenate(make_tensors(rank, step=step)[0]))
