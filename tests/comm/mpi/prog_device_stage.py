@@ -8,7 +8,9 @@ in the node's device arena (CUDA IPC; processes on one GPU share it as well) and
 of the same exchange staged through host memory (``CAFFE8_IPC=0``), over 3 iterations on changing
 gradients, for fp8, fp16 and fp32, asynchronous and synchronous, through the hierarchical sum
 with PPN processes a node (the node's piece crosses nodes through its host mirror) and the
-one-node reduce-scatter (rsag); every rank ends with the same bytes.
+one-node reduce-scatter (rsag); every rank ends with the same bytes. The start-up line names
+the arena without a stale reason, and on one node the device buckets have no pinned host
+mirror (the stand-in counts pinned memory).
 """
 import os
 import re
@@ -30,13 +32,23 @@ cp = backend.cupy
 P, rank, ppn = world.size, world.rank, int(sys.argv[1])
 
 
+def pinned_bytes():
+    """Pinned host memory this process holds (the stand-in counts it; 0 on a GPU)."""
+    if not STANDIN:
+        return 0
+    from tests.device_standin import memory
+    return memory.STATS["pinned_live"]
+
+
 def run(codec, asynchronous, hierarchical, ipc):
     os.environ["CAFFE8_IPC"] = "1" if ipc else "0"
     net = FakeNet(*make_tensors(rank))
     net.flat_diff, net.flat_data = cp.asarray(net.flat_diff), cp.asarray(net.flat_data)
     text = (f'codec: "{codec}" async: {str(asynchronous).lower()} bucket_kb: 4 '
             f'hierarchical: {str(hierarchical).lower()} processes_per_node: {ppn}')
+    pinned = pinned_bytes()
     ex = Exchange(world, parse_comm(text), net)
+    pinned = pinned_bytes() - pinned
     transport = ex.transports[ex._transport_of[codec]]
     devices = [d for (name, _), (_, d) in ex.buffers.items() if name == codec]
     summary = ex.shared_memory_summary()
@@ -46,6 +58,9 @@ def run(codec, asynchronous, hierarchical, ipc):
                             r"process\)", summary[0]), summary
     else:
         assert summary[0].endswith("; host memory, not the GPUs': CAFFE8_IPC=0"), summary
+    one_node = transport.stages[1] == 1
+    if ipc and one_node and STANDIN:    # summed on the GPUs, nothing crosses nodes: no mirror
+        assert pinned == 0, f"{pinned} bytes of pinned host memory for device buckets"
     out = []
     for step in range(3):
         net.flat_diff[...] = cp.asarray(numpy.concatenate(make_tensors(rank, step=step)[0]))
