@@ -68,7 +68,7 @@ def modules():
                         COMPUTE_TYPES.__setitem__(numpy.dtype(dtype), code))
     core = _namespace("cupy._core", "cupy._core of the stand-in", _routines_linalg=linalg)
     random = _namespace("cupy.random", "cupy.random of the stand-in", seed=SEEDS.append)
-    cp = _namespace("cupy", __doc__, __version__="14.0.0+standin", cuda=cuda_mod,
+    cp = _namespace("cupy", __doc__, __version__="14.0.0+standin", __standin__=True, cuda=cuda_mod,
                     _core=core, random=random, ElementwiseKernel=kernels.ElementwiseKernel,
                     __getattr__=arrays.numpy_function)
     for name in ("ndarray", "empty", "zeros", "ones", "full", "empty_like", "zeros_like",
