@@ -23,6 +23,18 @@ def test_the_intra_node_stage_on_the_stand_in_device_gives_the_host_bits(mpirun,
     assert f"device stage P={ranks} ppn={ppn}: OK" in out
 
 
+@pytest.mark.parametrize("ranks", [2, 4])
+def test_the_device_arena_is_every_processs_or_none_and_falls_back_to_the_host_bits(mpirun,
+                                                                                  ranks):
+    """prog_device_arena on the stand-in: an arena across two GPUs with peer access; without
+    it, with another process's GPU not visible, with an IPC open refused or a segment not
+    allocated on one process, every process falls back (GPUs checked before any handle is
+    opened) and its exchange gives the bits of host staging."""
+    cases = ["twogpus", "nopeer", "invisible", "refused", "nomemory"]
+    out = mpirun("prog_device_arena.py", ranks, ",".join(cases))
+    assert all(f"{case}: OK" in out for case in cases), out[-2000:]
+
+
 @pytest.mark.parametrize("ranks,ppn", [(4, 2), (6, 2), (6, 3)])
 def test_hierarchical_fp8_sum_equals_ml_dtypes_simulation(mpirun, ranks, ppn):
     assert f"fp8 exact P={ranks} ppn={ppn}: OK" in mpirun("prog_fp8_exact.py", ranks, ppn)
