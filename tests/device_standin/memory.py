@@ -58,26 +58,29 @@ _segments = weakref.WeakValueDictionary()       # address of its data -> Segment
 
 
 def register(region):
-    i = bisect.bisect_left(_starts, region.start)
-    if (i < len(_regions) and _regions[i].start < region.start + region.size) or \
-            (i > 0 and _regions[i - 1].start + _regions[i - 1].size > region.start):
-        raise RuntimeError(f"stand-in device: {region.label} overlaps a known region")
-    _starts.insert(i, region.start)
-    _regions.insert(i, region)
+    with ordering.LOCK:             # threads allocate, and finalizers free, at any time
+        i = bisect.bisect_left(_starts, region.start)
+        if (i < len(_regions) and _regions[i].start < region.start + region.size) or \
+                (i > 0 and _regions[i - 1].start + _regions[i - 1].size > region.start):
+            raise RuntimeError(f"stand-in device: {region.label} overlaps a known region")
+        _starts.insert(i, region.start)
+        _regions.insert(i, region)
 
 
 def unregister(region):
-    i = bisect.bisect_left(_starts, region.start)
-    if i < len(_regions) and _regions[i] is region:
-        del _starts[i], _regions[i]
+    with ordering.LOCK:
+        i = bisect.bisect_left(_starts, region.start)
+        if i < len(_regions) and _regions[i] is region:
+            del _starts[i], _regions[i]
 
 
 def find(address):
     """The region holding ``address``, or None (host memory the stand-in does not know)."""
-    i = bisect.bisect_right(_starts, address) - 1
-    if i >= 0 and address < _regions[i].start + _regions[i].size:
-        return _regions[i]
-    return None
+    with ordering.LOCK:
+        i = bisect.bisect_right(_starts, address) - 1
+        if i >= 0 and address < _regions[i].start + _regions[i].size:
+            return _regions[i]
+        return None
 
 
 def span(address, nbytes, device_bus):
