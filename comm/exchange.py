@@ -491,15 +491,18 @@ class Exchange(SolverCallback):
             trip.payload, trip.ctx = trip.codec.encode(trip.grad, trip.tensor)
         encoded = self._mark(stream)
         self._phase(future, "encode", start, encoded)
+        copies = False
         for trip in trips:
             if self.gpu:
                 if not trip.on_device:          # summed where it lies (the device arena)
                     self._copy_to_host(trip, stream)
+                    copies = True
             elif trip.codec.reduction == "gather":
                 trip.host = trip.payload
         if self.gpu:
             future.copied.append(self.clock.mark(stream))
-            self._phase(future, "d2h", encoded, future.copied[-1])
+            if copies:                          # no copy, no D2H time (an event gap is none)
+                self._phase(future, "d2h", encoded, future.copied[-1])
 
     def _copy_to_host(self, trip, stream):
         """Start the payload's D2H copy on ``stream``: into the tensor's span of the bucket's
@@ -585,7 +588,8 @@ class Exchange(SolverCallback):
         if not self.gpu:
             return future
         with _on(future.stream):
-            future.h2d = self._mark(future.stream)
+            copies = any(not trip.on_device for trip in future.trips)
+            future.h2d = self._mark(future.stream) if copies else None     # None: no H2D time
             for trip in future.trips:
                 if trip.on_device:
                     pass                        # the sum is already in the device buffer

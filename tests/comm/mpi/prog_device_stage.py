@@ -9,8 +9,8 @@ of the same exchange staged through host memory (``CAFFE8_IPC=0``), over 3 itera
 gradients, for fp8, fp16 and fp32, asynchronous and synchronous, through the hierarchical sum
 with PPN processes a node (the node's piece crosses nodes through its host mirror) and the
 one-node reduce-scatter (rsag); every rank ends with the same bytes. The start-up line names
-the arena without a stale reason, and on one node the device buckets have no pinned host
-mirror (the stand-in counts pinned memory).
+the arena without a stale reason, on one node the device buckets have no pinned host mirror
+(the stand-in counts pinned memory), and the timing records no D2H or H2D for them.
 """
 import os
 import re
@@ -47,7 +47,7 @@ def run(codec, asynchronous, hierarchical, ipc):
     text = (f'codec: "{codec}" async: {str(asynchronous).lower()} bucket_kb: 4 '
             f'hierarchical: {str(hierarchical).lower()} processes_per_node: {ppn}')
     pinned = pinned_bytes()
-    ex = Exchange(world, parse_comm(text), net)
+    ex = Exchange(world, parse_comm(text), net, timed=True)
     pinned = pinned_bytes() - pinned
     transport = ex.transports[ex._transport_of[codec]]
     devices = [d for (name, _), (_, d) in ex.buffers.items() if name == codec]
@@ -67,6 +67,10 @@ def run(codec, asynchronous, hierarchical, ipc):
         iterate(ex, net)
         cp.cuda.get_current_stream().synchronize()
         out.append(cp.asnumpy(net.flat_diff))
+        copies = [(t["d2h"], t["h2d"]) for t in ex.timings.layers.values()]
+        # device buckets make no copy: their D2H/H2D are no event gaps, host staging's are
+        assert all(d == h == 0 for d, h in copies) if ipc else \
+            all(d > 0 and h > 0 for d, h in copies), copies
     ex.close()
     return out
 
