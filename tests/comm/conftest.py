@@ -5,6 +5,12 @@ from caffe8.comm import kernels
 from caffe8.engine import backend
 
 
+def pytest_configure(config):
+    config.addinivalue_line("markers", "device: runs on the GPU where there is one, else on the "
+                            "stand-in device (the 'device' fixture); scripts/gpu_check runs "
+                            "them with the gpu tests")
+
+
 @pytest.fixture(params=kernels.paths())
 def path(request):
     """Each compiled CPU kernel path of this machine in turn (``kernels.use_path``)."""

@@ -168,6 +168,7 @@ def test_quantile_pass_is_recorded_for_the_timing_log():
     ex.close()
 
 
+@pytest.mark.device
 @pytest.mark.parametrize("codec", ["fp32", "fp16", "fp8", "aps", "dettmers", "strom"])
 @pytest.mark.parametrize("asynchronous", [False, True])
 def test_gpu_path_gives_the_bits_of_the_host_path(device, codec, asynchronous):
@@ -246,6 +247,7 @@ def test_quantile_computes_the_ratio_at_the_sampled_positions_only():
     assert sizes == [64, 64]
 
 
+@pytest.mark.device
 @pytest.mark.parametrize("timed", [False, True])
 def test_gpu_events_only_where_needed_unless_a_timing_log_asks(device, monkeypatch, timed):
     """Untimed: three CUDA events per layer (after its backward, after its copies, after its
@@ -326,6 +328,7 @@ def test_every_wire_buffer_is_made_before_the_first_trip(monkeypatch):
         assert numpy.shares_memory(t.out, host)
 
 
+@pytest.mark.device
 @pytest.mark.parametrize("codec", ["fp32", "fp8"])
 def test_gpu_first_iterations_of_fresh_exchanges_give_the_host_bits(device, codec):
     """The race of issue 30: a bucket's device buffer was zero-filled on the compute stream at

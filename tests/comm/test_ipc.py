@@ -29,6 +29,7 @@ def test_without_a_gpu_every_process_gets_a_reason():
     assert arena is None and reason == "not on a GPU"
 
 
+@pytest.mark.device
 def test_alloc_aligned_zeroed_found_again_and_closed(device):
     arena, reason = ipc.DeviceArena.create(mpi_module().COMM_SELF, 10_000)
     assert reason is None and arena.on_device and arena.segment % ipc.ALIGN == 0
@@ -51,6 +52,7 @@ def test_alloc_aligned_zeroed_found_again_and_closed(device):
     assert not arena.holds(a)
 
 
+@pytest.mark.device
 @pytest.mark.parametrize("wire,rounding", [("fp8", "nearest"), ("fp8", "oyama"),
                                            ("fp16", "nearest"), ("fp32", "nearest")])
 def test_the_arena_sums_as_the_host_does(device, wire, rounding):
