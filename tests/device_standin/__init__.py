@@ -73,7 +73,7 @@ def modules():
                     __getattr__=arrays.numpy_function)
     for name in ("ndarray", "empty", "zeros", "ones", "full", "empty_like", "zeros_like",
                  "ones_like", "full_like", "asarray", "array", "ascontiguousarray", "arange",
-                 "asnumpy", "get_array_module"):
+                 "asnumpy", "get_array_module", "from_dlpack"):
         setattr(cp, name, getattr(arrays, name))
     _MODULES.update({"cupy": cp, "cupy.cuda": cuda_mod, "cupy.cuda.runtime": runtime,
                      "cupy.cuda.memory": memory_mod, "cupy._core": core,

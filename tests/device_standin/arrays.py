@@ -347,6 +347,18 @@ def asnumpy(a, stream=None, order="C", out=None, blocking=True):
     return numpy.asarray(a, order=order)
 
 
+def from_dlpack(x):
+    """A device array over ``x``'s memory, as CuPy's ``from_dlpack`` of a CUDA tensor. The
+    stand-in takes host tensors (a CPU torch tensor standing for a CUDA one): their memory is
+    adopted as device memory of the current GPU (memory.adopt)."""
+    v = numpy.from_dlpack(x)
+    if v.size == 0:
+        return ndarray(v.shape, v.dtype)
+    lo, hi = byte_bounds(v)
+    mem = memory.adopt(lo, hi - lo)
+    return ndarray._of(v, memory.MemoryPointer(mem, v.__array_interface__["data"][0] - mem.ptr))
+
+
 def get_array_module(*args):
     from tests.device_standin import module
     return module() if any(isinstance(a, ndarray) for a in args) else numpy

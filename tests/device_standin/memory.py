@@ -294,6 +294,45 @@ def alloc(nbytes):
     return MemoryPointer(PoolMemory(nbytes), 0)
 
 
+class AdoptedMemory:
+    """Host memory taken as device memory of the current GPU (a CPU tensor's, through DLPack,
+    standing for a CUDA tensor): the stand-in checks its own operations on it; the tensor's
+    library's operations it does not see. Alive while an array uses it; ``covers``: adopted
+    memories it replaced (their arrays find it by address), each of which keeps it alive."""
+
+    def __init__(self, start, size, covers):
+        self.ptr, self.size, self.device_id = start, size, devices.current()
+        self.covers = covers
+        for old in covers:
+            old.successor = self
+        region = Region(start, size, devices.bus_id(self.device_id), ordering.Log.private(),
+                        f"a tensor's memory of {size} bytes (through DLPack)")
+        region.adopted = weakref.ref(self)
+        register(region)
+        weakref.finalize(self, unregister, region)
+
+
+def adopt(address, nbytes):
+    """The adopted memory holding ``nbytes`` at ``address``: the one already there, or one made
+    over it and every adopted memory it overlaps."""
+    with ordering.LOCK:
+        hi = address + max(int(nbytes), 1)
+        here = find(address)
+        if here is not None and hi <= here.start + here.size and hasattr(here, "adopted"):
+            return here.adopted()
+        i = bisect.bisect_right(_starts, address) - 1
+        overlapping = [r for r in _regions[max(i, 0):] if r.start < hi and
+                       r.start + r.size > address]
+        if any(not hasattr(r, "adopted") for r in overlapping):
+            raise RuntimeError(f"stand-in device: adopting {nbytes} bytes at {address:#x} "
+                               f"would overlap memory the stand-in allocated")
+        for r in overlapping:
+            unregister(r)
+        lo = min([address] + [r.start for r in overlapping])
+        top = max([hi] + [r.start + r.size for r in overlapping])
+        return AdoptedMemory(lo, top - lo, [r.adopted() for r in overlapping])
+
+
 # --- host memory --------------------------------------------------------------------------------
 def alloc_pinned_memory(nbytes):
     """Page-locked host memory: a zeroed ctypes buffer (NumPy's ``frombuffer`` takes it), known
