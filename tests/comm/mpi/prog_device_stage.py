@@ -6,9 +6,10 @@ On a GPU (every rank uses device 0), or with ``standin`` on the stand-in device
 The intra-node stage on the GPUs (comm/ipc.py): an exchange of a net on the GPU sums its buckets
 in the node's device arena (CUDA IPC; processes on one GPU share it as well) and gives the bits
 of the same exchange staged through host memory (``CAFFE8_IPC=0``), over 3 iterations on changing
-gradients, for fp8, fp16 and fp32, asynchronous and synchronous, through the hierarchical sum
-with PPN processes a node (the node's piece crosses nodes through its host mirror) and the
-one-node reduce-scatter (rsag); every rank ends with the same bytes. The start-up line names
+gradients, for fp8 (asynchronous after a float32 warm-up step), fp16 and fp32, asynchronous
+and synchronous, through the hierarchical sum with PPN processes a node (the node's piece
+crosses nodes through its host mirror) and the one-node reduce-scatter (rsag); every rank ends
+with the same bytes. The start-up line names
 the arena without a stale reason, on one node the device buckets have no pinned host mirror
 (the stand-in counts pinned memory), and the timing records no D2H or H2D for them.
 """
@@ -41,11 +42,15 @@ def pinned_bytes():
 
 
 def run(codec, asynchronous, hierarchical, ipc):
+    """3 steps of one exchange; the asynchronous fp8 one starts with a float32 warm-up step
+    (its buffers private, staged through host memory, then the arena's)."""
     os.environ["CAFFE8_IPC"] = "1" if ipc else "0"
     net = FakeNet(*make_tensors(rank))
     net.flat_diff, net.flat_data = cp.asarray(net.flat_diff), cp.asarray(net.flat_data)
+    warmup = int(codec == "fp8" and asynchronous)
     text = (f'codec: "{codec}" async: {str(asynchronous).lower()} bucket_kb: 4 '
-            f'hierarchical: {str(hierarchical).lower()} processes_per_node: {ppn}')
+            f'hierarchical: {str(hierarchical).lower()} processes_per_node: {ppn} '
+            f'warmup_fp32_iters: {warmup}')
     pinned = pinned_bytes()
     ex = Exchange(world, parse_comm(text), net, timed=True)
     pinned = pinned_bytes() - pinned
@@ -60,7 +65,8 @@ def run(codec, asynchronous, hierarchical, ipc):
         assert summary[0].endswith("; host memory, not the GPUs': CAFFE8_IPC=0"), summary
     one_node = transport.stages[1] == 1
     if ipc and one_node and STANDIN:    # summed on the GPUs, nothing crosses nodes: no mirror
-        assert pinned == 0, f"{pinned} bytes of pinned host memory for device buckets"
+        warm = sum(h.nbytes for (name, _), (h, _) in ex.buffers.items() if name != codec)
+        assert pinned == warm, f"{pinned - warm} bytes of pinned host memory for device buckets"
     out = []
     for step in range(3):
         net.flat_diff[...] = cp.asarray(numpy.concatenate(make_tensors(rank, step=step)[0]))
@@ -69,7 +75,7 @@ def run(codec, asynchronous, hierarchical, ipc):
         out.append(cp.asnumpy(net.flat_diff))
         copies = [(t["d2h"], t["h2d"]) for t in ex.timings.layers.values()]
         # device buckets make no copy: their D2H/H2D are no event gaps, host staging's are
-        assert all(d == h == 0 for d, h in copies) if ipc else \
+        assert all(d == h == 0 for d, h in copies) if ipc and step >= warmup else \
             all(d > 0 and h > 0 for d, h in copies), copies
     ex.close()
     return out
