@@ -95,7 +95,7 @@ for case in sys.argv[1].split(","):
     on_gpus = "CUDA IPC" in summary
     assert on_gpus == (EXPECT[case] is None), f"{case}: {summary}"
     if not on_gpus:
-        assert f"host memory, not the GPUs': " in summary and EXPECT[case] in summary, summary
+        assert "host memory, not the GPUs': " in summary and EXPECT[case] in summary, summary
     for step, (h, d) in enumerate(zip(host, device)):
         assert numpy.array_equal(h.view(numpy.uint32), d.view(numpy.uint32)), \
             f"{case} step {step}: the device arena's means differ from host staging"
