@@ -74,9 +74,9 @@ BUDGET = 540.0              # seconds of the whole check: 9 minutes of a 10-minu
 MARGIN = 1.5                # each step's limit against the time it is expected to take
 #: step -> (seconds it is expected to take on an H200, seconds it may take at most): estimates
 #: from what each step runs (module docstring, "Time")
-STEPS = {"gpu tests": (100, 150), "peer_bench tf32 off": (55, 85),
-         "peer_bench tf32 on": (55, 85), "2-process exchange": (110, 170),
-         "solver_benchmark": (25, 40), "tf32 layers": (100, 150)}
+STEPS = {"gpu tests": (110, 165), "peer_bench tf32 off": (55, 85),
+         "peer_bench tf32 on": (55, 85), "2-process exchange": (100, 150),
+         "solver_benchmark": (20, 30), "tf32 layers": (100, 150)}
 LIMITS = {name: limit for name, (_, limit) in STEPS.items()}
 #: steps that run only when --only names them
 OPTIONAL = {"tf32 layers"}
