@@ -235,6 +235,8 @@ class Transport:
             self.arena, self.shared_reason = _shared_arena(self._stage_comm(), nbytes)
             if device_reason and self.arena is not None:
                 self.shared_reason = f"host memory, not the GPUs': {device_reason}"
+        else:
+            self.shared_reason = None           # on the GPUs: nothing to explain
         return self.arena
 
     def host_buffer(self, length, dtype, shared=True):
