@@ -18,7 +18,7 @@ from caffe8.engine.glog import fmt
 from caffe8.engine.net import Net
 from caffe8.engine.pipelined import PipelinedUpdate
 from caffe8.engine.prototxt import parse_file, to_text
-from caffe8.engine.snapshot import (PrefixLock, check_pair, complete_pairs, load_solverstate,
+from caffe8.engine.snapshot import (PrefixLock, check_pair, latest_pair, load_solverstate,
                                     remove_stale_temporaries, snapshot_iters, snapshot_names)
 from caffe8.engine.solver import create_solver
 from caffe8.engine.tester import average_outputs, output_values
@@ -218,7 +218,8 @@ class Trainer:
     def solve(self, resume_file=None, weights=None, progress=None):
         """Caffe's Solver::Solve: optional restore, Step to max_iter, final snapshot/display/test.
         The run owns its snapshot prefix meanwhile (``engine.snapshot.PrefixLock``).
-        ``resume_file`` "latest": the newest complete model + state pair of the prefix."""
+        ``resume_file`` "latest": the newest complete model + state pair of the prefix, or a
+        fresh start when it holds none."""
         lock = self._own_prefix()
         try:
             self._solve(resume_file, weights, progress)
@@ -235,6 +236,10 @@ class Trainer:
                 lock = PrefixLock(self.snapshot_prefix()).acquire()
             except (CaffeError, OSError) as e:
                 refusal = str(e)
+            if lock is not None and lock.taken_over:
+                self._warn(f"snapshot_prefix {self.snapshot_prefix()}: took over the lock "
+                           f"{lock.path} of process {lock.taken_over}, which ended without "
+                           "releasing it (killed?)")
         if self.world.size > 1:
             refusal = self.world.bcast(refusal, root=0)
         if refusal:
@@ -244,17 +249,23 @@ class Trainer:
         return lock
 
     def _latest_state(self):
-        """The solver state of the newest complete snapshot pair of the prefix, logged."""
+        """``-snapshot latest``: the solver state of the newest complete snapshot pair of the
+        prefix (``engine.snapshot.latest_pair``, chosen by rank 0 for every rank), logged; None
+        when the prefix holds none, and the run trains from scratch, saying so (a requeued job
+        script's first start: "resume if there is something to resume")."""
         prefix = self.snapshot_prefix()
-        pairs = complete_pairs(prefix)
-        if not pairs:
-            raise CaffeError(f"--snapshot latest: snapshot prefix {prefix} holds no complete "
-                             "snapshot (model and solver state)")
-        n, model, state = pairs[-1]
-        newer = [str(i) for i in snapshot_iters(prefix) if i > n]
-        self.log(f"Latest complete snapshot of {prefix}: iteration {n} ({model} + {state})"
-                 + (f"; skipped the incomplete one(s) of iteration(s) {', '.join(newer)}"
-                    if newer else ""))
+        found = latest_pair(prefix) if self.world.rank == 0 else None
+        if self.world.size > 1:
+            found = self.world.bcast(found, root=0)
+        pair, skipped = found
+        note = (f"; skipped the incomplete one(s) of iteration(s) {', '.join(map(str, skipped))}"
+                if skipped else "")
+        if pair is None:
+            self.log(f"--snapshot latest: snapshot prefix {prefix} holds no complete snapshot "
+                     f"(model and solver state){note}; training from scratch")
+            return None
+        n, model, state = pair
+        self.log(f"Latest complete snapshot of {prefix}: iteration {n} ({model} + {state}){note}")
         return state
 
     def _solve(self, resume_file, weights, progress):

@@ -20,7 +20,9 @@ _EFFECTS = ("stop", "snapshot", "none")
 def add_arguments(p):
     p.add_argument("--solver", required=True, help="solver prototxt")
     p.add_argument("--snapshot", help="resume from a .solverstate or .solverstate.h5; "
-                   "'latest': the newest complete model + state pair of the snapshot_prefix")
+                   "'latest': the newest complete model + state pair of the snapshot_prefix "
+                   "(the one written last), or from scratch when it holds none (a requeued "
+                   "job's first start); the log says which")
     p.add_argument("--weights", help="initialise from model file(s), comma separated")
     p.add_argument("--timing-log", "--timing_log", dest="timing_log",
                    help="per-layer timing, JSON lines (one record per iteration per rank)")

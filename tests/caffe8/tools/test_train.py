@@ -1,0 +1,69 @@
+"""``caffe8 train -snapshot latest`` as a requeued Slurm job runs it: a first start with nothing
+to resume trains from scratch and says so; with two runs' snapshots on one prefix it resumes
+from the pair written last (not the highest iteration); a lock left by a killed run is taken
+over with a warning."""
+import os
+import re
+import subprocess
+import sys
+
+from caffe8.cli import main
+from tests.faults import exit_loop
+
+
+def _solver(folder, prefix, max_iter, snapshot):
+    solver = exit_loop.make_case(folder, files=2, rows=8, iters=max_iter)
+    with open(solver, "a") as f:
+        f.write(f'snapshot: {snapshot}\nsnapshot_after_train: true\nsnapshot_format: HDF5\n'
+                f'snapshot_prefix: "{prefix}"\n')
+    text = open(solver).read().replace("snapshot: 0\n", "").replace(
+        "snapshot_after_train: false\n", "")
+    with open(solver, "w") as f:
+        f.write(text)
+    return solver
+
+
+def test_latest_on_an_empty_prefix_trains_from_scratch(tmp_path, capsys):
+    prefix = str(tmp_path / "snap" / "s")
+    solver = _solver(tmp_path / "a", prefix, max_iter=3, snapshot=0)
+    assert main(["train", "-solver", solver, "-snapshot", "latest"]) == 0
+    err = capsys.readouterr().err
+    assert (f"--snapshot latest: snapshot prefix {prefix} holds no complete snapshot (model and "
+            "solver state); training from scratch") in err, err
+    assert "Resuming from" not in err
+    assert os.path.exists(prefix + "_iter_3.solverstate.h5")
+    # the requeue: the same command again resumes from what the first start wrote
+    assert main(["train", "-solver", solver, "-snapshot", "latest"]) == 0
+    err = capsys.readouterr().err
+    assert f"Resuming from {prefix}_iter_3.solverstate.h5" in err, err
+
+
+def test_latest_takes_the_newest_pair_of_two_runs(tmp_path, capsys):
+    prefix = str(tmp_path / "snap" / "s")
+    older = _solver(tmp_path / "older", prefix, max_iter=6, snapshot=3)
+    assert main(["train", "-solver", older]) == 0          # pairs 3 and 6
+    newer = _solver(tmp_path / "newer", prefix, max_iter=2, snapshot=2)
+    assert main(["train", "-solver", newer]) == 0          # a restart from scratch: pair 2
+    capsys.readouterr()
+    resume = _solver(tmp_path / "resume", prefix, max_iter=4, snapshot=0)
+    assert main(["train", "-solver", resume, "-snapshot", "latest"]) == 0
+    err = capsys.readouterr().err
+    assert re.search(rf"Latest complete snapshot of {re.escape(prefix)}: iteration 2 ", err), err
+    assert f"Resuming from {prefix}_iter_2.solverstate.h5" in err
+    assert f"Snapshotting to HDF5 file {prefix}_iter_4.caffemodel.h5" in err
+
+
+def test_a_stale_lock_is_taken_over_with_a_warning(tmp_path, capsys):
+    prefix = str(tmp_path / "snap" / "s")
+    solver = _solver(tmp_path / "a", prefix, max_iter=1, snapshot=0)
+    os.makedirs(os.path.dirname(prefix))
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    with open(prefix + ".lock", "w") as f:
+        f.write(f"{dead}\n")
+    assert main(["train", "-solver", solver]) == 0
+    err = capsys.readouterr().err
+    assert re.search(rf"^W.*snapshot_prefix {re.escape(prefix)}: took over the lock "
+                     rf"{re.escape(prefix)}\.lock of process {dead}, which ended without "
+                     r"releasing it", err, re.M), err
+    assert not os.path.exists(prefix + ".lock")
