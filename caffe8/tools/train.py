@@ -8,6 +8,7 @@ import sys
 
 from caffe8.engine.errors import CaffeError
 from caffe8.tools import _run
+from caffe8.tools._common import watched_terminal
 
 NAME = "train"
 HELP = "train a net from a solver prototxt"
@@ -112,9 +113,10 @@ def install_signal_handlers(trainer, log, sigint_effect="stop", sighup_effect="s
 
 
 def _progress_bar(world, trainer):
-    """A tqdm bar on rank 0 beside the log, only when stdout is a terminal (the log's lines
-    clear it before they are written: engine.glog)."""
-    if world.rank != 0 or not sys.stdout.isatty():
+    """A tqdm bar on rank 0 beside the log, only where a person watches stdout
+    (``_common.watched_terminal``: not in a notebook's ``!caffe8 train`` cell); the log's lines
+    clear it before they are written (engine.glog)."""
+    if world.rank != 0 or not watched_terminal(sys.stdout):
         return None
     from tqdm import tqdm
     return tqdm(total=trainer.param.max_iter, initial=trainer.iter, unit="iter", file=sys.stdout,

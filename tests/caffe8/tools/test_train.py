@@ -67,3 +67,49 @@ def test_a_stale_lock_is_taken_over_with_a_warning(tmp_path, capsys):
                      rf"{re.escape(prefix)}\.lock of process {dead}, which ended without "
                      r"releasing it", err, re.M), err
     assert not os.path.exists(prefix + ".lock")
+
+
+def _on_a_terminal(argv, env, timeout=120):
+    """What ``argv`` writes to a pseudo-terminal (its stdout and stderr), as in a shell or in
+    IPython's ``!command``, which runs commands in a pty."""
+    import fcntl
+    import pty
+    import select
+    import struct
+    import termios
+    import time
+    master, slave = pty.openpty()
+    # 24 x 80, as pexpect opens IPython's (a new pty has 0 columns, where tqdm draws nothing)
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 80, 0, 0))
+    proc = subprocess.Popen(argv, stdout=slave, stderr=slave, stdin=subprocess.DEVNULL, env=env)
+    os.close(slave)
+    out, deadline = b"", time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline:
+            if select.select([master], [], [], 1)[0]:
+                try:
+                    chunk = os.read(master, 65536)
+                except OSError:           # EIO: the child closed its side
+                    break
+                if not chunk:
+                    break
+                out += chunk
+            elif proc.poll() is not None:
+                break
+    finally:
+        os.close(master)
+        proc.kill() if proc.poll() is None else None
+        proc.wait(timeout=30)
+    assert proc.returncode == 0, out.decode(errors="replace")[-3000:]
+    return out.decode(errors="replace")
+
+
+def test_the_bar_is_drawn_for_a_person_and_not_into_a_notebook_cell(tmp_path):
+    solver = _solver(tmp_path / "a", str(tmp_path / "snap" / "s"), max_iter=20, snapshot=0)
+    env = {k: v for k, v in os.environ.items() if k != "JPY_PARENT_PID"}
+    argv = [sys.executable, "-m", "caffe8", "train", "-solver", solver]
+    shell = _on_a_terminal(argv, env)
+    assert re.search(r"\d+/20 \[", shell), shell[-2000:]       # tqdm's "n/total [" on a terminal
+    # a Jupyter kernel's child (jupyter_client's launcher sets JPY_PARENT_PID for the kernel)
+    cell = _on_a_terminal(argv, dict(env, JPY_PARENT_PID=str(os.getpid())))
+    assert "Optimization Done." in cell and not re.search(r"\d+/20 \[", cell), cell[-2000:]
