@@ -63,8 +63,9 @@ NOTEBOOK_CELLS = [
     textwrap.dedent('''
         import sys
         import numpy as np
-        import caffe8 as caffe
-        from caffe8 import layers as L
+        import caffe                       # as BVLC's notebooks, after `caffe8 pycaffe enable`
+        from caffe import layers as L
+        from caffe.proto import caffe_pb2
         n = caffe.NetSpec()
         n.data, n.label = L.DummyData(shape=[dict(dim=[8, 6]), dict(dim=[8])],
                                       data_filler=[dict(type="gaussian"), dict(type="constant")],
@@ -91,19 +92,26 @@ SETTLE = "import time; time.sleep(1)"
 
 def _kernel_spec(folder):
     """A kernel spec of this test's own Python, found through JUPYTER_PATH (not whichever
-    `python3` kernel the user's Jupyter would start)."""
+    `python3` kernel the user's Jupyter would start), whose site folder holds what
+    ``caffe8 pycaffe enable`` writes (here a folder of its own, not the venv's)."""
     import json
+    from caffe8.cli import main
+    site = folder / "site"
+    site.mkdir(parents=True)
+    assert main(["pycaffe", "enable", "--site-dir", str(site)]) == 0
     spec = folder / "kernels" / "caffe8-test"
     spec.mkdir(parents=True)
+    start = (f"import site; site.addsitedir({str(site)!r}); "
+             "from ipykernel import kernelapp; kernelapp.launch_new_instance()")
     (spec / "kernel.json").write_text(json.dumps({
-        "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+        "argv": [sys.executable, "-c", start, "-f", "{connection_file}"],
         "display_name": "caffe8 test", "language": "python"}))
     return str(folder)
 
 
 def test_notebook_cells_stay_readable_under_ipykernel(tmp_path, monkeypatch):
     """ipykernel >= 6 forwards file descriptor 2 into the cells: by default a pycaffe session's
-    cells hold no INFO lines (a solver stepped 20 times with display 1 wrote ~100), the `!`
+    cells (``import caffe`` as BVLC's notebooks say it) hold no INFO lines (a solver stepped 20 times with display 1 wrote ~100), the `!`
     command's cell holds its log but no progress bar, and GLOG_minloglevel=0 brings the log
     back."""
     import re
