@@ -210,9 +210,9 @@ def _extras():
 
 def test_the_gpu_install_lines_name_extras_of_wheels_for_each_cuda_major():
     """Each pip line asks for setup.cfg extras; the CUDA ones pull CuPy's wheel for that CUDA
-    major (cupy-cudaNNx with its CUDA libraries) and cuDNN's (nvidia-cudnn-cuNN), never the
-    `cupy` source package. Whether pip resolves them to wheels needs the package index:
-    `pip install --dry-run --only-binary :all: '.[cuda13]'` (run by hand)."""
+    major (cupy-cudaNNx), the CUDA libraries caffe8 loads (cuda-toolkit's wheels) and cuDNN's
+    (nvidia-cudnn-cuNN), never the `cupy` source package. Whether pip resolves them to wheels
+    needs the package index: `pip install --dry-run --report R.json '.[cuda13]'` (by hand)."""
     from caffe8.device import GPU_EXTRAS
     extras = _extras()
     pips = [l for l in _gpu_lines() if " install " in l]
@@ -229,8 +229,9 @@ def test_the_gpu_install_lines_name_extras_of_wheels_for_each_cuda_major():
     for extra, driver in GPU_EXTRAS:
         major = extra[len("cuda"):]
         reqs = [re.split(r"[<>=\[;\s]", r, 1)[0] for r in extras[extra]]
-        assert reqs == [f"cupy-cuda{major}x", f"nvidia-cudnn-cu{major}"], extras[extra]
-        assert "[ctk]" in extras[extra][0]  # CuPy's CUDA libraries as wheels, no toolkit
+        assert reqs == [f"cupy-cuda{major}x", "cuda-toolkit", f"nvidia-cudnn-cu{major}"], reqs
+        # the CUDA libraries as wheels, no toolkit: those caffe8 loads (tests/caffe8/test_device)
+        assert extras[extra][1] == f"cuda-toolkit[cublas,cudart,nvrtc]=={major}.*"
         line = next(l for l in pips if f"{extra}]" in l)
         assert f"driver {driver}" in line and f"CUDA {major}" in line
 
