@@ -13,7 +13,7 @@ import time
 import numpy
 
 from caffe8.engine import backend, blas, model_io
-from caffe8.engine.errors import CaffeError, SolverError
+from caffe8.engine.errors import CaffeError, SolverError, relative_to_cwd
 from caffe8.engine.glog import fmt
 from caffe8.engine.net import Net
 from caffe8.engine.pipelined import PipelinedUpdate
@@ -105,8 +105,10 @@ class Trainer:
         the solver line when it does not exist."""
         path = resolve_path(value, self.solver_path)
         if not os.path.isfile(path):
+            beside = "" if os.path.isabs(value) else \
+                f", nor in the solver's folder {os.path.dirname(os.path.abspath(self.solver_path))}"
             raise SolverError(f"{self.param.location(field)}: solver field '{field}': net file "
-                              f"'{value}' does not exist")
+                              f"'{value}' does not exist{relative_to_cwd(value)}{beside}")
         return path
 
     def _build_train_net(self):

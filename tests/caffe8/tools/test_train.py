@@ -113,3 +113,19 @@ def test_the_bar_is_drawn_for_a_person_and_not_into_a_notebook_cell(tmp_path):
     # a Jupyter kernel's child (jupyter_client's launcher sets JPY_PARENT_PID for the kernel)
     cell = _on_a_terminal(argv, dict(env, JPY_PARENT_PID=str(os.getpid())))
     assert "Optimization Done." in cell and not re.search(r"\d+/20 \[", cell), cell[-2000:]
+
+
+def test_a_shipped_solver_run_from_another_folder_names_the_working_directory(tmp_path, capsys,
+                                                                              monkeypatch):
+    """The shipped solvers' paths are the repository's (as Caffe's are its root's): from
+    elsewhere the one error line says where the path was looked up, both places."""
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(
+        os.path.abspath(__file__)))))
+    solver = os.path.join(repo, "prototxt", "digits", "solver.prototxt")
+    monkeypatch.chdir(tmp_path)
+    assert main(["train", "-solver", solver]) == 1
+    lines = [l for l in capsys.readouterr().err.splitlines() if "error" in l]
+    assert lines == [f"caffe8: error: {solver}:4:1: solver field 'net': net file "
+                     "'prototxt/digits/train_val.prototxt' does not exist (relative to the "
+                     f"working directory {tmp_path}), nor in the solver's folder "
+                     f"{os.path.dirname(solver)}"], lines
