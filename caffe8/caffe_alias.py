@@ -47,9 +47,11 @@ def _target(fullname):
 class CaffeAlias(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     """The finder and loader of ``caffe`` and ``caffe.*`` as caffe8's modules."""
 
+    _asking = False       # within _another_caffe: a finder that asks importlib itself gets None
+
     def find_spec(self, fullname, path=None, target=None):
         if fullname == ALIAS:
-            if self._another_caffe():
+            if self._asking or self._another_caffe():
                 return None
             module = importlib.import_module("caffe8")
         elif fullname.startswith(ALIAS + ".") and \
@@ -72,14 +74,18 @@ class CaffeAlias(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         """Whether a finder behind this one finds a ``caffe`` of its own (BVLC's pycaffe). A
         folder named ``caffe`` without ``__init__.py`` (a BVLC clone beside the notebook) is a
         namespace package and no pycaffe: caffe8 goes before it."""
-        for finder in sys.meta_path:
-            find = getattr(finder, "find_spec", None)
-            if finder is self or isinstance(finder, CaffeAlias) or find is None:
-                continue
-            spec = find(ALIAS, None)
-            if spec is not None and spec.origin is not None:   # not a bare folder named caffe
-                return True
-        return False
+        self._asking = True
+        try:
+            for finder in list(sys.meta_path):
+                find = getattr(finder, "find_spec", None)
+                if isinstance(finder, CaffeAlias) or find is None:
+                    continue
+                spec = find(ALIAS, None)
+                if spec is not None and spec.origin is not None:   # not a bare folder
+                    return True
+            return False
+        finally:
+            self._asking = False
 
     def create_module(self, spec):
         module = spec.loader_state
