@@ -111,15 +111,33 @@ def remove_stale_temporaries(prefix):
     return removed
 
 
-def snapshot_iters(prefix):
-    """Sorted iterations N of the ``<prefix>_iter_N`` snapshot files (model or solver state)."""
+def snapshot_files(prefix):
+    """``[(N, path)]`` of the ``<prefix>_iter_N`` snapshot files (model or solver state)."""
     directory = os.path.dirname(os.path.abspath(prefix))
     pattern = _prefix_pattern(prefix, "caffemodel|solverstate")
     try:
         names = os.listdir(directory)
     except OSError:
         return []
-    return sorted({int(m.group(1)) for m in map(pattern.fullmatch, names) if m})
+    return sorted((int(m.group(1)), os.path.join(directory, name))
+                  for name, m in zip(names, map(pattern.fullmatch, names)) if m)
+
+
+def snapshot_iters(prefix):
+    """Sorted iterations N of the ``<prefix>_iter_N`` snapshot files (model or solver state)."""
+    return sorted({n for n, _ in snapshot_files(prefix)})
+
+
+#: absolute paths of the snapshot files this process wrote (``written_here``)
+_WRITTEN_HERE = set()
+
+
+def written_here(*paths):
+    """Record snapshot files as this process's own; returns the set of them. A run that meets
+    them later in its prefix (a notebook solving again, pycaffe's solve() in a loop) meets its
+    own earlier work, not another run's."""
+    _WRITTEN_HERE.update(os.path.abspath(p) for p in paths)
+    return _WRITTEN_HERE
 
 
 def save_solverstate(path, state, learned_net, extra=None):

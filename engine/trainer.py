@@ -19,7 +19,8 @@ from caffe8.engine.net import Net
 from caffe8.engine.pipelined import PipelinedUpdate
 from caffe8.engine.prototxt import parse_file, to_text
 from caffe8.engine.snapshot import (PrefixLock, check_pair, latest_pair, load_solverstate,
-                                    remove_stale_temporaries, snapshot_iters, snapshot_names)
+                                    remove_stale_temporaries, snapshot_files, snapshot_names,
+                                    written_here)
 from caffe8.engine.solver import create_solver
 from caffe8.engine.tester import average_outputs, output_values
 from caffe8.engine.validate import place, validate
@@ -518,11 +519,14 @@ class Trainer:
     def _check_snapshot_prefix(self):
         """Before training (rank 0): remove the temporaries a killed run of this prefix left
         behind, and warn when the prefix holds snapshots newer than where this run starts —
-        another run's, which this one would overwrite or mix with."""
+        another run's, which this one would overwrite or mix with (not those this process
+        wrote itself: a notebook solving again, ``%%timeit`` around ``solver.solve()``)."""
         prefix = self.snapshot_prefix()
         for path in remove_stale_temporaries(prefix):
             self.log(f"Removed a stale snapshot temporary of a killed run: {path}")
-        newer = [n for n in snapshot_iters(prefix) if n > self.iter]
+        mine = written_here()
+        newer = sorted({n for n, path in snapshot_files(prefix)
+                        if n > self.iter and path not in mine})
         if newer:
             self._warn(f"snapshot prefix {prefix} already holds snapshots of iteration(s) "
                        f"{', '.join(map(str, newer))}, newer than this run's start (iteration "
@@ -544,6 +548,7 @@ class Trainer:
                     model, state = model_io.write_snapshot(
                         self.net, self.solver.state(), self.snapshot_prefix(), self.iter,
                         p.snapshot_format, p.snapshot_diff, extra=extra, log=self.log)
+                written_here(model, state)
             except (OSError, CaffeError) as e:
                 failure = f"snapshot {model}: {e}"
         # Every rank waits until rank 0 has written (or failed): nobody aborts the job while

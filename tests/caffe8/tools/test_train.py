@@ -129,3 +129,23 @@ def test_a_shipped_solver_run_from_another_folder_names_the_working_directory(tm
                      "'prototxt/digits/train_val.prototxt' does not exist (relative to the "
                      f"working directory {tmp_path}), nor in the solver's folder "
                      f"{os.path.dirname(solver)}"], lines
+
+
+def test_newer_snapshots_of_another_run_are_warned_of_but_not_this_processs_own(tmp_path,
+                                                                                capsys):
+    """A prefix holding another run's newer snapshots gets a warning (this run would overwrite
+    or mix with them); a process that solves again into its own prefix (a notebook's %%timeit
+    around solver.solve(): BVLC's brewing-logreg) meets its own earlier snapshots, no warning."""
+    prefix = str(tmp_path / "snap" / "s")
+    solver = _solver(tmp_path / "a", prefix, max_iter=3, snapshot=0)
+    os.makedirs(os.path.dirname(prefix))
+    with open(prefix + "_iter_9.caffemodel.h5", "wb") as f:     # another run's, by hand
+        f.write(b"x")
+    assert main(["train", "-solver", solver]) == 0
+    warned = re.findall(r"^W.*already holds snapshots of iteration\(s\) (.*), newer than",
+                        capsys.readouterr().err, re.M)
+    assert warned == ["9"], warned
+    os.remove(prefix + "_iter_9.caffemodel.h5")
+    assert main(["train", "-solver", solver]) == 0       # meets its own iteration-3 pair
+    assert main(["train", "-solver", solver]) == 0
+    assert "already holds snapshots" not in capsys.readouterr().err
