@@ -3,5 +3,5 @@ cluster and caffe8-vs-DDP across it, caffe8-vs-PyTorch, the GPU check, net and p
 
 Run from the repository root as modules, e.g. ``python -m scripts.cluster_bench --help``; the
 helpers they and the studies (studies/) share (runs of ``caffe8 train`` under mpiexec, CSV
-writing, timing logs, figures) live in ``scripts._runs``.
+writing, timing logs, figures) live in ``studies._runs``.
 """

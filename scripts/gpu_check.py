@@ -213,7 +213,7 @@ def tf32_layers_step(out, limit):
 
 def _batch():
     """The GRU benchmark's own batch size (the runs keep it)."""
-    from scripts import _runs
+    from studies import _runs
     return _runs.net_batch_size(_runs.load_train_net(SOLVER)[1])
 
 
@@ -226,7 +226,7 @@ EXCHANGE_RUNS = (("none", "fp32", False, 1, None), ("fp8_sync", "fp8", False, 2,
 def exchange_step(out, limit):
     """Step 3: one process with no exchange, then the synchronous and the asynchronous
     2-process runs of fp8 and fp32, with timing logs."""
-    from scripts import _runs
+    from studies import _runs
     logs, status, seconds = {}, "ok", 0.0
     for k, (name, codec, asynchronous, processes, env) in enumerate(EXCHANGE_RUNS):
         run_dir = os.path.join(out, f"exchange_{name}")
@@ -251,7 +251,7 @@ def exchange_step(out, limit):
 
 def solver_step(out, limit):
     """Step 4: solver_benchmark.prototxt for a few iterations on one process."""
-    from scripts import _runs
+    from studies import _runs
     run_dir = os.path.join(out, "solver_benchmark")
     solver = _runs.write_run_prototxts(SOLVER, run_dir, _batch(), "fp32", False, 0, 10)
     cmd = [sys.executable, "-m", "caffe8.cli", "train", "--solver", solver]

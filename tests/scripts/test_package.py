@@ -14,7 +14,6 @@ import pytest
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SCRIPTS = os.path.join(REPO, "scripts")
 STUDIES = os.path.join(REPO, "studies")
-LIBRARIES = ("_runs",)       # shared modules, not commands
 #: scripts that also run as files (``python scripts/x.py``) by a guarded path fix of their own
 FILE_MODE = ("gpu_check",)
 MODULES = sorted(f[:-3] for f in os.listdir(SCRIPTS) if f.endswith(".py") and f != "__init__.py")
@@ -50,8 +49,7 @@ def test_module_imports_from_the_package_without_path_changes(name):
         changes = path_changes(f.read())
     assert len(changes) == (name in FILE_MODE), f"scripts/{name}.py changes sys.path: {changes}"
     module = importlib.import_module(f"scripts.{name}")
-    if name not in LIBRARIES:
-        assert callable(getattr(module, "main", None)), f"scripts/{name}.py has no main()"
+    assert callable(getattr(module, "main", None)), f"scripts/{name}.py has no main()"
 
 
 @pytest.mark.parametrize("name", STUDY_MODULES)
