@@ -22,6 +22,10 @@ from caffe8.comm import kernels
 from caffe8.comm.mpi import mpi_module
 
 ITEM_BYTES = 16  # one MPI item: 128 bits, as in Oyama et al.'s AVX kernels
+#: each wire format's element as the buffers hold it (fp8 as bytes, half as its bits): the one
+#: table of wire sizes (the perf model's bytes per element too)
+WIRE_DTYPES = {"fp8": numpy.dtype(numpy.uint8), "fp16": numpy.dtype(numpy.uint16),
+               "fp32": numpy.dtype(numpy.float32)}
 
 
 @dataclass(frozen=True)
@@ -119,12 +123,15 @@ def local_sum(name, rounding="nearest"):
     """``WireOp.local_sum`` of wire format ``name`` ("fp8", "fp16" or "fp32"), without creating
     any MPI object: for a caller whose own transport moves the bytes (caffe8.ddp's all-to-all).
     ``rounding`` as in :func:`wire_op`."""
+    _check_wire(name)
     if name == "fp8":
         return fp8_oyama_local_sum if rounding == "oyama" else fp8_local_sum
-    sums = {"fp16": half_local_sum, "fp32": float_local_sum}
-    if name not in sums:
-        raise ValueError(f"Unrecognized wire format: {name!r}, valid: fp8, fp16, fp32")
-    return sums[name]
+    return {"fp16": half_local_sum, "fp32": float_local_sum}[name]
+
+
+def _check_wire(name):
+    if name not in WIRE_DTYPES:
+        raise ValueError(f"Unrecognized wire format: {name!r}, valid: {', '.join(WIRE_DTYPES)}")
 
 
 def wire_op(name, rounding="nearest"):
@@ -133,25 +140,18 @@ def wire_op(name, rounding="nearest"):
     ``rounding`` (the comm block's) matters only for fp8: "oyama" selects Algorithm 2's
     truncating sum; "nearest" and "truncate" (a conversion mode) sum to nearest even.
     """
+    _check_wire(name)
     oyama = name == "fp8" and rounding == "oyama"
     key = "wire:" + name + (":oyama" if oyama else "")
     if key in _cache:
         return _cache[key]
     MPI = mpi_module()
-    if oyama:
-        w = WireOp("fp8", numpy.dtype(numpy.uint8), ITEM_BYTES, item_datatype(),
-                   fp8_oyama_sum_op(), local_sum(name, rounding))
-    elif name == "fp8":
-        w = WireOp("fp8", numpy.dtype(numpy.uint8), ITEM_BYTES, item_datatype(), fp8_sum_op(),
-                   local_sum(name, rounding))
-    elif name == "fp16":
-        w = WireOp("fp16", numpy.dtype(numpy.uint16), ITEM_BYTES // 2, item_datatype(),
-                   half_sum_op(), local_sum(name))
-    elif name == "fp32":
-        w = WireOp("fp32", numpy.dtype(numpy.float32), 1, MPI.FLOAT if MPI else None,
-                   MPI.SUM if MPI else None, local_sum(name))
+    dtype, add = WIRE_DTYPES[name], local_sum(name, rounding)
+    if name == "fp32":
+        w = WireOp(name, dtype, 1, MPI.FLOAT if MPI else None, MPI.SUM if MPI else None, add)
     else:
-        raise ValueError(f"Unrecognized wire format: {name!r}, valid: fp8, fp16, fp32")
+        op = {"fp8": fp8_oyama_sum_op if oyama else fp8_sum_op, "fp16": half_sum_op}[name]()
+        w = WireOp(name, dtype, ITEM_BYTES // dtype.itemsize, item_datatype(), op, add)
     _cache[key] = w
     return w
 

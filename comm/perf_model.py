@@ -100,6 +100,9 @@ import math
 import re
 from dataclasses import dataclass, field
 
+from caffe8.comm.codecs import CODECS
+from caffe8.comm.ops import WIRE_DTYPES
+
 INF = float("inf")
 
 
@@ -139,7 +142,10 @@ class LayerCost:
     tensors: list = field(default_factory=list)
 
 
-CODEC_BYTES = {"fp32": 4, "fp16": 2, "fp8": 1}
+#: wire bytes per element of each codec the transport sums (the registry's; a gather codec's
+#: payload depends on its data)
+CODEC_BYTES = {name: WIRE_DTYPES[codec.wire_name].itemsize for name, codec in CODECS.items()
+               if codec.reduction == "sum"}
 
 
 # --- collectives -----------------------------------------------------------------------------

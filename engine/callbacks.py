@@ -1,7 +1,11 @@
 """Caffe's ``Solver::Callback``: the seam through which gradient exchange attaches to training.
 
-The training loop (``engine.trainer.Trainer``) knows nothing about communication. It calls, on
-every callback it was given:
+The training loop (``engine.trainer.Trainer``) knows nothing about how gradients travel: the
+exchange is a callback. The loop's own collectives, on the world it was given, keep the ranks
+alike: rank 0's weights broadcast at the start, BatchNorm's statistics broadcast after each
+update, the NaN/Inf verdict and the stop/snapshot requests OR-ed over the ranks once an
+iteration, and a few small ones around snapshots and tests (the prefix's lock, a failed write,
+each rank's state; the test scores' mean). It calls, on every callback it was given:
 
 ``on_start()``
     once per iteration, before its forward/backward passes (Caffe's ``on_start``);

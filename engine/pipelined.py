@@ -7,16 +7,17 @@ offers it (``SolverCallback.pipeline``) a :class:`PipelinedUpdate`, and the call
 The object owns everything the pipelining needs, so that neither the trainer nor the exchange
 keeps a piece of it:
 
-* the verdict per layer: a layer is updated only while every gradient seen so far is finite;
-  the first non-finite one stops the early updates of the iteration (that layer and the later
-  ones are left to the end; the layers already updated keep their update);
-* the set of params already updated, which :meth:`finish` hands to the solver's
-  ``apply_update(done=...)`` so that they are not updated twice;
-* the final sweep (:meth:`finish`): the params left for the end are checked for Inf/NaN.
+* whether a layer may move now: only while every gradient seen so far is finite; the first
+  non-finite one stops the early updates of the iteration (that layer and the later ones are
+  left to the end; the layers already updated keep their update);
+* the set of params already updated, which :meth:`finish` hands to the trainer, for the
+  solver's ``apply_update(done=...)`` (not updated twice) and for :func:`gradients_finite`,
+  which checks the gradients of the params left for the end.
 
-The loss verdict comes first (:meth:`begin`, before the last backward: the trainer agrees on it
-over the ranks while no exchange is in flight). The gradients themselves need no agreement:
-after the exchange they are the same bits on every rank, so every rank reaches the same verdict.
+The iteration's NaN/Inf verdict is the trainer's (``Trainer._verdict``): the loss, agreed over
+the ranks before the last backward while no exchange is in flight, comes to :meth:`begin` (a
+non-finite one moves nothing early), and the gradients need no agreement: after the exchange
+they are the same bits on every rank, so every rank reaches the same verdict.
 Every param's update reads only its own data, diff and history, so the weights are the bits of
 the update at the end of the iteration (tests/caffe8/test_pipelined_update.py).
 
@@ -35,13 +36,12 @@ class PipelinedUpdate:
         # the learnable param each slice of the flat buffers belongs to
         self._param_at = {(sl.start, sl.stop): i for i, sl in enumerate(net.param_slices)}
         self._updating = False          # True from a finite begin() to the first bad gradient
-        self._finite = True             # no non-finite loss or gradient seen this iteration
         self.done = set()               # learnable params updated this iteration
 
     def begin(self, finite_loss):
         """A new iteration's last backward starts; ``finite_loss``: the loss verdict agreed
         over the ranks (False: no param moves before the end's policy decides)."""
-        self._updating = self._finite = bool(finite_loss)
+        self._updating = bool(finite_loss)
         self.done = set()
 
     def layer_ready(self, slices):
@@ -54,17 +54,24 @@ class PipelinedUpdate:
                    if (sl.start, sl.stop) in self._param_at]
         params = self.net.learnable_params
         if not all(self.solver.gradients_finite(params[i].diff) for i in indices):
-            self._updating = self._finite = False
+            self._updating = False
             return
         self.solver.update_early(indices)
         self.done.update(indices)
 
     def finish(self):
-        """The final sweep: (True when the loss and every gradient of the iteration are finite,
-        the params already updated). The params left for the end are checked here (a local
-        check: the exchanged gradients are the same bits on every rank)."""
+        """The iteration's exchange is over: the params already updated (their gradients were
+        finite; the others are left to the end)."""
         self._updating = False
-        params = self.net.learnable_params
-        rest = (params[i].diff for i in range(len(params)) if i not in self.done)
-        finite = self._finite and all(self.solver.gradients_finite(d) for d in rest)
-        return finite, frozenset(self.done)
+        return frozenset(self.done)
+
+
+def gradients_finite(solver, net, done=frozenset()):
+    """True when no gradient of ``net``'s learnable params holds an Inf or NaN, those of the
+    params in ``done`` (checked before they moved early) aside; with none aside, the whole flat
+    diff in one pass."""
+    if not done:
+        return solver.gradients_finite(net.flat_diff)
+    params = net.learnable_params
+    return all(solver.gradients_finite(params[i].diff) for i in range(len(params))
+               if i not in done)

@@ -16,7 +16,7 @@ from caffe8.engine import backend, blas, model_io
 from caffe8.engine.errors import CaffeError, SolverError, relative_to_cwd
 from caffe8.engine.glog import fmt
 from caffe8.engine.net import Net
-from caffe8.engine.pipelined import PipelinedUpdate
+from caffe8.engine.pipelined import PipelinedUpdate, gradients_finite
 from caffe8.engine.prototxt import parse_file, to_text
 from caffe8.engine.snapshot import (PrefixLock, check_pair, latest_pair, load_solverstate,
                                     remove_stale_temporaries, snapshot_files, snapshot_names,
@@ -345,12 +345,8 @@ class Trainer:
             for cb in self.callbacks:
                 cb.on_gradients_ready()  # async exchange: waits for the thread that ran in backward
             wait = time.perf_counter() - t_wait
-            if agreed is not None:              # the pipelined update ran during backward
-                finite, done = self.pipelined.finish()
-                flags = agreed | (0 if finite else _NONFINITE)
-            else:
-                flags, done = self._agreed_flags(loss), ()
-            if self._gradients_finite(flags):
+            flags, done = self._verdict(loss, agreed)
+            if self._update_allowed(flags):
                 self.solver.apply_update(done=done)
             self._share_forward_state()
             if self.timing is not None:
@@ -441,14 +437,23 @@ class Trainer:
         after the current iteration; safe to call from a signal handler."""
         self._requests |= _REQUEST_BITS[action]
 
-    def _agreed_flags(self, loss):
-        """This iteration's NaN/Inf verdict and pending requests, OR-ed over all ranks.
+    def _verdict(self, loss, agreed):
+        """This iteration's flags, OR-ed over all ranks, and the params the pipelined update
+        already moved: the NaN/Inf verdict (``_NONFINITE`` unless the loss and every gradient
+        are finite on every rank) and the pending requests; every rank then acts alike.
 
         The loss is checked too because fp8 saturates an infinite gradient to ±57344, so an Inf
-        on one rank would otherwise pass unseen. One tiny allreduce per iteration, made after
-        the exchange, when no other thread is in MPI; every rank then acts alike.
+        on one rank would otherwise pass unseen. Pipelined, ``agreed`` holds the flags agreed
+        before the last backward (the loss's verdict among them) and the gradients need no
+        second allreduce: after the exchange they are the same bits on every rank. Otherwise
+        this is the iteration's one tiny allreduce, after the exchange, when no other thread is
+        in MPI.
         """
-        return self._agree(math.isfinite(loss) and self.solver.gradients_finite(self.net.flat_diff))
+        done = self.pipelined.finish() if agreed is not None else frozenset()
+        finite = gradients_finite(self.solver, self.net, done)
+        if agreed is None:
+            return self._agree(math.isfinite(loss) and finite), done
+        return agreed | (0 if finite else _NONFINITE), done
 
     def _agree(self, finite):
         """This rank's verdict (``finite``) and pending requests, OR-ed over all ranks (one tiny
@@ -456,7 +461,7 @@ class Trainer:
         flags, self._requests = self._requests | (0 if finite else _NONFINITE), 0
         return self.world.allreduce_or(flags)
 
-    def _gradients_finite(self, flags):
+    def _update_allowed(self, flags):
         """NaN/Inf policy: True to update; skip, or snapshot and stop (comm.nonfinite)."""
         if not flags & _NONFINITE:
             self.skipped_in_a_row = 0

@@ -1,7 +1,8 @@
-"""Dev tools and the product features still on their way into the package: the emulated
-cluster and caffe8-vs-DDP across it, caffe8-vs-PyTorch, the GPU check, net and proto generators.
+"""Dev tools: caffe8 against PyTorch DDP on the emulated cluster (the cluster itself is the
+package's, caffe8/cluster.py), caffe8 against PyTorch on one machine, the GPU check, the
+exchange's timeline plot, net and proto generators.
 
-Run from the repository root as modules, e.g. ``python -m scripts.cluster_bench --help``; the
-helpers they and the studies (studies/) share (runs of ``caffe8 train`` under mpiexec, CSV
-writing, timing logs, figures) live in ``scripts._runs``.
+Run from the repository root as modules, e.g. ``python -m scripts.cluster_bench --help``. They
+use the studies' library, ``studies._runs`` (runs of ``caffe8 train`` under mpiexec, CSV
+writing, timing logs, figures); nothing here imports tests/.
 """

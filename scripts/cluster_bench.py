@@ -73,7 +73,8 @@ import statistics
 import subprocess
 import sys
 import time
-from scripts._runs import label_axes, pyplot, save_figure
+
+from studies._runs import label_axes, pyplot, save_figure
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
@@ -95,7 +96,7 @@ def emulated_layers(solver_path, dilation=1.0, narrow=1):
     """[(name, [tensor shapes], forward ms, backward ms)] of an emulated net (Parameter layers
     grouped by the EmulatedCompute that follows them; times x ``dilation``, tensors narrowed by
     ``narrow``: make_emulated_net.scale_net), and the solver's (lr, momentum, weight decay)."""
-    from scripts._runs import load_train_net
+    from studies._runs import load_train_net
     from scripts.make_emulated_net import read_groups, scale_net
     solver, net = load_train_net(solver_path)
     net, _ = scale_net(net, dilation, narrow)
@@ -276,7 +277,7 @@ def run_caffe8(cluster, args, solver, run_dir, codec, asynchronous, nodes, ppn,
     """Train on the cluster (the emulated times x ``time_scale``: the dilation, and in a strong
     scaling sweep the per-process batch's share); return (per-iteration seconds, exposed comm
     split seconds)."""
-    from scripts import _runs
+    from studies import _runs
     p = nodes * ppn
     solver_copy = _runs.write_run_prototxts(solver, run_dir, _net_batch(solver), codec,
                                             asynchronous, ppn if p > 1 else 0, args.iters,
@@ -438,7 +439,7 @@ def narrowed_share(solver, narrow):
     """The narrowed net's parameter count over the net's (1 for a real-compute net)."""
     if _real_compute(solver) or narrow == 1:
         return 1.0
-    from scripts._runs import load_train_net
+    from studies._runs import load_train_net
     from scripts.make_emulated_net import scale_net
     return scale_net(load_train_net(solver)[1], 1.0, narrow)[1]
 
@@ -462,7 +463,7 @@ def layout_dilation(args, processes):
 
 
 def _net_batch(solver):
-    from scripts import _runs
+    from studies import _runs
     if _real_compute(solver):
         return LENET_INPUTS["data"][0]
     return _runs.net_batch_size(_runs.load_train_net(solver)[1])
@@ -575,7 +576,7 @@ def summarise(rows):
 
 
 def _write(rows, path):
-    from scripts import _runs
+    from studies import _runs
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     _runs.write_rows(rows + summarise(rows), FIELDS, path)
 
@@ -736,7 +737,7 @@ def main(argv=None):
     plot(rows, png)
     points = scaling(rows)
     if len({p["processes"] for p in points}) > 2:
-        from scripts import _runs
+        from studies import _runs
         kind = "strong" if args.global_batch else "weak"
         stem = os.path.splitext(args.csv)[0] + "_" + kind
         _runs.write_rows(points, SCALING_FIELDS, stem + ".csv")

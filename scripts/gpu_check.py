@@ -269,7 +269,7 @@ def tf32_layers_step(out, limit):
 
 def _batch():
     """The GRU benchmark's own batch size (the runs keep it)."""
-    from scripts import _runs
+    from studies import _runs
     return _runs.net_batch_size(_runs.load_train_net(SOLVER)[1])
 
 
@@ -307,7 +307,7 @@ EXCHANGE_ITERS = 8                                  # per run: 2 to warm up, 6 t
 
 def run_commands(run, solver, logs):
     """The commands of ``run``: one job of its processes, or each process alone."""
-    from scripts import _runs
+    from studies import _runs
     mpiexec = _runs._default_mpiexec()
     if run.exchange:
         return _runs.train_command(run.processes, solver, logs, sys.executable, mpiexec)
@@ -317,7 +317,7 @@ def run_commands(run, solver, logs):
 def exchange_step(out, limit):
     """Step 3: the runs of :data:`EXCHANGE_RUNS`, each under an equal share of what is left,
     then their figures."""
-    from scripts import _runs
+    from studies import _runs
     logs, seconds = {}, 0.0
     for k, run in enumerate(EXCHANGE_RUNS):
         run_dir = os.path.join(out, f"exchange_{run.name}")
@@ -341,7 +341,7 @@ def exchange_step(out, limit):
 
 def solver_step(out, limit):
     """Step 4: solver_benchmark.prototxt for a few iterations on one process."""
-    from scripts import _runs
+    from studies import _runs
     run_dir = os.path.join(out, "solver_benchmark")
     solver = _runs.write_run_prototxts(SOLVER, run_dir, _batch(), "fp32", False, 0, 10)
     cmd = [sys.executable, "-m", "caffe8.cli", "train", "--solver", solver]

@@ -15,7 +15,7 @@ import sys
 
 from caffe8.engine.errors import CaffeError
 from caffe8.engine.timing import BUCKET_PHASES, read_log
-from scripts._runs import pyplot, save_figure
+from studies._runs import pyplot, save_figure
 
 COLORS = {"encode": "tab:blue", "d2h": "tab:orange", "reduce": "tab:red", "h2d": "tab:green",
           "decode": "tab:purple"}

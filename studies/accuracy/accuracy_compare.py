@@ -24,11 +24,11 @@ import os
 import re
 import sys
 
-from scripts._runs import (REPO, _default_mpiexec, label_axes, pyplot, run_job, save_figure,
-                           write_rows)
 from caffe8.engine.errors import CaffeError
 from caffe8.engine.prototxt import parse_file, to_text
 from caffe8.engine.schema import SCHEMA
+from studies._runs import (REPO, _default_mpiexec, label_axes, pyplot, run_job, save_figure,
+                           write_rows)
 
 # Oyama et al.'s comparisons. warmup_fp32_iters 0 makes fp8 variants fp8 from the first iteration
 # (a clean comparison); "fp8_warmup" keeps the solver's own warm-up.

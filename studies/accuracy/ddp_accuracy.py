@@ -26,7 +26,7 @@ import os
 import subprocess
 import sys
 
-from scripts._runs import REPO, write_rows
+from studies._runs import REPO, write_rows
 from studies.accuracy.accuracy_compare import SEED_FIELDS, SUMMARY_FIELDS, plot_seeds, \
     summarise_seeds
 

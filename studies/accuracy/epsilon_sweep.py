@@ -21,7 +21,7 @@ import argparse
 import os
 import sys
 
-from scripts._runs import REPO, write_rows
+from studies._runs import REPO, write_rows
 
 EPSILONS = (1e-3, 1e-4, 1e-5)
 SUMMARY_FIELDS = ("variant", "final_iteration", "final_accuracy", "best_accuracy",

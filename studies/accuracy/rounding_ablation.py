@@ -33,8 +33,8 @@ import sys
 
 import numpy
 
-from scripts._runs import pyplot, REPO, save_figure, write_rows
 from caffe8.comm import fp8
+from studies._runs import pyplot, REPO, save_figure, write_rows
 
 MODES = ("nearest", "oyama")
 FP8_MAX = 57344.0

@@ -3,7 +3,7 @@ initial weights on the same batches; each step's weights compared blob by blob.
 
 ``python -m studies.bvlc_trajectory.run --caffe <build>/tools/caffe --out runs/bvlc_trajectory``
 
-The nets are the trajectory oracle's blocks (tests/engine/trajectory_nets.py: ResNet bottleneck
+The nets are the blocks of _blocks.py (the trajectory oracle's too: ResNet bottleneck
 stage, MobileNet separable blocks, SqueezeNet fire modules, an Inception module), Dropout taken
 out (its random masks differ between the two programs). Both programs train the same solver
 (SGD, momentum 0.9, fixed rate, one snapshot a step) from a caffemodel caffe8 initialised, on an
@@ -35,8 +35,7 @@ from caffe8 import wiring
 from caffe8.engine import model_io
 from caffe8.engine.net import Net
 from caffe8.engine.prototxt import parse_text
-from studies.bvlc_trajectory import famous
-from tests.engine import trajectory, trajectory_nets     # the oracle's nets (run from the repository)
+from studies.bvlc_trajectory import _blocks as blocks, famous
 
 
 def _without_dropout(build):
@@ -70,8 +69,8 @@ def run_net(name, build, caffe, out, steps):
     folder = os.path.abspath(os.path.join(out, name))
     os.makedirs(folder, exist_ok=True)
     body, inputs, make = build()
-    listing = trajectory.write_batches(folder, inputs, steps, make)
-    train, _ = trajectory.net_texts(body, inputs, listing)
+    listing = blocks.write_batches(folder, inputs, steps, make)
+    train, _ = blocks.net_texts(body, inputs, listing)
     net_path = os.path.join(folder, "net.prototxt")
     with open(net_path, "w") as f:
         f.write(train)
@@ -87,7 +86,7 @@ def run_prototxt(path, caffe, out, steps, batch):
     os.makedirs(folder, exist_ok=True)
     listing = os.path.join(folder, "batches.txt")
     train, inputs = famous.training_net(path, batch, listing)
-    trajectory.write_batches(folder, inputs, steps, famous.make_batch)
+    blocks.write_batches(folder, inputs, steps, famous.make_batch)
     net_path = os.path.join(folder, "net.prototxt")
     with open(net_path, "w") as f:
         f.write(train)
@@ -188,8 +187,8 @@ def main(argv=None):
     ap.add_argument("--batch", type=int, default=2, help="--prototxt nets: images a step")
     args = ap.parse_args(argv)
     wiring.register_all()
-    nets = {name: _without_dropout(build) for name, build in trajectory_nets.BLOCKS.items()}
-    nets.update({f"{n}_family": _without_dropout(b) for n, b in trajectory_nets.FAMILIES.items()
+    nets = {name: _without_dropout(build) for name, build in blocks.BLOCKS.items()}
+    nets.update({f"{n}_family": _without_dropout(b) for n, b in blocks.FAMILIES.items()
                  if n != "recurrent"})    # GRU is caffe8's own; BVLC has no such layer
     if args.nets:
         unknown = sorted(set(args.nets.split(",")) - set(nets))

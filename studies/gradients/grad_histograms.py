@@ -32,7 +32,7 @@ from caffe8.comm.kernels import FP8_MAX
 from caffe8.comm.quantile import QuantileTracker
 from caffe8.engine import backend
 from caffe8.engine.errors import CaffeError
-from scripts._runs import pyplot, write_rows
+from studies._runs import pyplot, write_rows
 from studies.gradients.quantile_trace import REPO, make_trainer, probe_training, tracker_quantile
 
 FP8_MIN_SUBNORMAL = 2.0 ** -16

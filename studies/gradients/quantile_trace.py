@@ -27,7 +27,7 @@ from caffe8.comm.codecs import create_codec
 from caffe8.comm.config import parse_comm
 from caffe8.comm.quantile import QuantileTracker
 from caffe8.engine.errors import CaffeError
-from scripts._runs import pyplot, save_figure
+from studies._runs import pyplot, save_figure
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TENSOR_SUFFIX = {0: "weight", 1: "bias"}

@@ -31,10 +31,10 @@ import tempfile
 
 import numpy
 
-from scripts._runs import pyplot, save_figure, write_rows
-from studies.gradients.quantile_trace import REPO, make_trainer, probe_training
 from caffe8.comm.strom import threshold_step
 from caffe8.engine import backend
+from studies._runs import pyplot, save_figure, write_rows
+from studies.gradients.quantile_trace import REPO, make_trainer, probe_training
 
 # Table 3: tau -> (update size per mini-batch in KB, compression ratio), as printed
 TABLE3 = {2.0: (210, 278), 4.0: (69, 846), 6.0: (33, 1770), 9.0: (15, 3893),

@@ -20,7 +20,7 @@ import sys
 import tempfile
 import time
 
-from scripts._runs import REPO, write_rows
+from studies._runs import REPO, write_rows
 
 FIELDS = ("layers", "megabytes", "round", "parsed_s", "built_s", "exit_s", "load_1min")
 KINDS = ("conv", "relu", "bn", "scale")

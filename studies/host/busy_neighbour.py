@@ -22,7 +22,7 @@ import subprocess
 import sys
 import time
 
-from scripts._runs import REPO, write_rows
+from studies._runs import REPO, write_rows
 
 FIELDS = ("tool", "busy", "round", "ms", "load_1min")
 _TIME = re.compile(r"Average Forward-Backward: ([0-9.]+) ms")

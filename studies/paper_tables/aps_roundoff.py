@@ -35,7 +35,7 @@ import numpy
 
 from caffe8.comm.aps import local_exponent, scale_exponent, small_format_sum
 from caffe8.comm.formats import get_format
-from scripts._runs import label_axes, pyplot, save_figure
+from studies._runs import label_axes, pyplot, save_figure
 
 FIELDS = ("format", "ranks", "group_size", "kahan", "sum_error_pct", "total_error_pct")
 

@@ -40,7 +40,8 @@ markdown table of docs/dettmers_model.md (ours next to the paper's numbers).
 import argparse
 import os
 import sys
-from scripts._runs import label_axes, pyplot, save_figure, write_rows
+
+from studies._runs import label_axes, pyplot, save_figure, write_rows
 
 # --- the paper's inputs --------------------------------------------------------------------------
 T_NERVANA, T_CONVNET2 = 104.1, 177.0            # ms per batch of 128 on one GPU (Table 4, 5.1.3)

@@ -33,7 +33,7 @@ import os
 import numpy
 
 from caffe8.comm.dettmers import Table
-from scripts._runs import pyplot, save_figure
+from studies._runs import pyplot, save_figure
 
 # (distribution, data type) -> (mean absolute error, mean relative error in %), the paper's Table 2.
 PAPER = {

@@ -57,7 +57,7 @@ import re
 import sys
 
 from caffe8.comm import perf_model as pm
-from scripts._runs import label_axes, pyplot, save_figure
+from studies._runs import label_axes, pyplot, save_figure
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 MB = 1e6

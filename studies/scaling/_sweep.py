@@ -1,12 +1,12 @@
 """The scaling sweep of Oyama et al.'s figure 7 (weak_scaling.py, strong_scaling.py): for every
 codec, mode and P, a copy of the solver trained under ``mpiexec`` with per-rank timing logs, the
 CSV of iteration times, throughput and speedup, and the throughput/speedup plot. The runs
-themselves (prototxt copies, ``mpiexec`` with a timeout, timing logs) are scripts._runs'."""
+themselves (prototxt copies, ``mpiexec`` with a timeout, timing logs) are studies._runs'."""
 import os
 import sys
 
 from caffe8.engine.errors import CaffeError
-from scripts._runs import (REPO, _default_mpiexec, comm_settings, int_list, iteration_walls,
+from studies._runs import (REPO, _default_mpiexec, comm_settings, int_list, iteration_walls,
                            load_train_net, net_batch_size, pyplot, read_timing_log, run_job,
                            save_figure, train_command, write_rows, write_run_prototxts)
 

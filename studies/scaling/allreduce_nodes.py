@@ -24,7 +24,7 @@ import os
 import sys
 
 from caffe8.comm.bench import STEM
-from scripts._runs import (REPO, _default_mpiexec, int_list, label_axes, pyplot, run_job,
+from studies._runs import (REPO, _default_mpiexec, int_list, label_axes, pyplot, run_job,
                            save_figure, write_rows)
 
 FIELDS = ("codec", "processes", "elements", "median_seconds", "min_seconds",

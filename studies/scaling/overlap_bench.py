@@ -15,7 +15,7 @@ import statistics
 import sys
 
 from caffe8.engine.prototxt import to_text
-from scripts import _runs
+from studies import _runs
 from studies.scaling._sweep import write_csv
 
 SOLVER = os.path.join(_runs.REPO, "prototxt", "overlap", "solver.prototxt")

@@ -23,7 +23,7 @@ import glob
 import os
 import sys
 
-from scripts._runs import pyplot, read_timing_log, save_figure
+from studies._runs import pyplot, read_timing_log, save_figure
 from studies.scaling._sweep import write_csv
 from caffe8.engine.errors import CaffeError
 

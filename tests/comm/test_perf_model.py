@@ -2,10 +2,12 @@
 import json
 import math
 import pytest
-from caffe8.comm.perf_model import (CodecCost, LayerCost, Network, build_layers, exchange_time,
-                             fit_alpha_beta, flat_time, hierarchical_time, iteration_time,
-                             layer_times_from_caffe_time, layer_times_from_timing_log,
-                             weak_speedup)
+from caffe8.comm.codecs import CODECS, create_codec
+from caffe8.comm.config import parse_comm
+from caffe8.comm.perf_model import (CODEC_BYTES, CodecCost, LayerCost, Network, build_layers,
+                                    exchange_time, fit_alpha_beta, flat_time, hierarchical_time,
+                                    iteration_time, layer_times_from_caffe_time,
+                                    layer_times_from_timing_log, weak_speedup)
 
 
 NET = Network(alpha_intra=2e-6, beta_intra=4e9, alpha_inter=5e-6, beta_inter=1e9,
@@ -88,6 +90,17 @@ def test_monotonic_in_p_and_speedup_below_p():
             s = weak_speedup(layers, FP32, net, p, schedule)
             assert 0 < s <= p
             assert weak_speedup(layers, FP8, net, p, schedule) >= s * 0.999
+
+
+def test_codec_bytes_are_the_wire_sizes_of_the_codecs_the_transport_sums():
+    """The paper's 4 / 2 / 1 bytes, read from the registry: each sum codec's own wire buffer;
+    gather codecs (payloads that depend on the data) are not modelled."""
+    assert CODEC_BYTES == {"fp32": 4, "fp16": 2, "fp8": 1}
+    for name, codec in CODECS.items():
+        if codec.reduction == "sum":
+            assert create_codec(name, parse_comm()).wire.dtype.itemsize == CODEC_BYTES[name]
+        else:
+            assert name not in CODEC_BYTES
 
 
 def test_codec_bytes_ratio():

@@ -1,10 +1,11 @@
-"""engine/pipelined.py by itself: the per-layer verdict, the params already updated and the
-final sweep, against a solver that records what it was asked to update."""
+"""engine/pipelined.py by itself: whether a layer may move early, the params already updated,
+and the check of the gradients left for the end (the trainer's verdict reads it), against a
+solver that records what it was asked to update."""
 from types import SimpleNamespace
 
 import numpy
 
-from caffe8.engine.pipelined import PipelinedUpdate
+from caffe8.engine.pipelined import PipelinedUpdate, gradients_finite
 
 
 def _setup(sizes=(4, 2, 3)):
@@ -16,7 +17,7 @@ def _setup(sizes=(4, 2, 3)):
         slices.append(sl)
         params.append(SimpleNamespace(diff=flat[sl]))
         at += n
-    net = SimpleNamespace(param_slices=slices, learnable_params=params)
+    net = SimpleNamespace(param_slices=slices, learnable_params=params, flat_diff=flat)
     updates = []
     solver = SimpleNamespace(gradients_finite=lambda d: bool(numpy.isfinite(d).all()),
                              update_early=lambda indices: updates.append(list(indices)))
@@ -30,10 +31,11 @@ def test_layers_are_updated_as_they_come_and_left_out_of_the_end():
     update.layer_ready([net.param_slices[2]])
     update.layer_ready([net.param_slices[0], net.param_slices[1]])
     assert updates == [[2], [0, 1]]
-    assert update.finish() == (True, frozenset({0, 1, 2}))
+    assert update.finish() == frozenset({0, 1, 2})
+    assert gradients_finite(solver, net, update.done)
 
 
-def test_a_nonfinite_gradient_stops_the_early_updates_and_the_sweep_reports_it():
+def test_a_nonfinite_gradient_stops_the_early_updates_and_is_left_for_the_check():
     flat, net, solver, updates = _setup()
     update = PipelinedUpdate(solver, net)
     update.begin(True)
@@ -42,19 +44,35 @@ def test_a_nonfinite_gradient_stops_the_early_updates_and_the_sweep_reports_it()
     update.layer_ready([net.param_slices[1]])            # stops here: nothing of it moves
     update.layer_ready([net.param_slices[0]])            # and nothing after it
     assert updates == [[2]]
-    assert update.finish() == (False, frozenset({2}))
+    assert update.finish() == frozenset({2})
+    assert not gradients_finite(solver, net, frozenset({2}))
 
 
-def test_the_sweep_finds_a_nonfinite_gradient_of_a_param_left_for_the_end():
+def test_the_check_finds_a_nonfinite_gradient_of_a_param_left_for_the_end():
     flat, net, solver, updates = _setup()
     update = PipelinedUpdate(solver, net)
     update.begin(True)
     update.layer_ready([net.param_slices[2]])
     flat[0] = numpy.nan                                   # param 0 never came early
-    assert update.finish() == (False, frozenset({2}))
+    assert update.finish() == frozenset({2})
+    assert not gradients_finite(solver, net, frozenset({2}))
     flat[0] = 0.0
     update.begin(True)                                    # a new iteration starts clean
-    assert update.finish() == (True, frozenset())
+    assert update.finish() == frozenset() and gradients_finite(solver, net, frozenset())
+
+
+def test_with_none_aside_the_check_is_one_pass_over_the_flat_diff_with_the_same_verdict():
+    flat, net, solver, _ = _setup()
+    seen = []
+    solver.gradients_finite = lambda d: (seen.append(d.size), bool(numpy.isfinite(d).all()))[1]
+    for at in range(flat.size):
+        for bad in (numpy.nan, numpy.inf, -numpy.inf, 0.0):
+            flat[:] = numpy.arange(flat.size)
+            flat[at] = bad
+            per_param = all(numpy.isfinite(p.diff).all() for p in net.learnable_params)
+            seen.clear()
+            assert gradients_finite(solver, net) == per_param == (bad == 0.0)
+            assert seen == [flat.size]
 
 
 def test_a_nonfinite_loss_moves_nothing_early():
@@ -62,6 +80,6 @@ def test_a_nonfinite_loss_moves_nothing_early():
     update = PipelinedUpdate(solver, net)
     update.begin(False)
     update.layer_ready([net.param_slices[0]])
-    assert updates == [] and update.finish() == (False, frozenset())
-    update.layer_ready([net.param_slices[0]])            # after the sweep: nothing either
+    assert updates == [] and update.finish() == frozenset()
+    update.layer_ready([net.param_slices[0]])            # after finish: nothing either
     assert updates == []

@@ -11,7 +11,8 @@ import pytest
 from caffe8.engine import blas
 from caffe8.engine.trainer import Trainer
 from caffe8.layers import native
-from tests.engine import trajectory, trajectory_nets
+from studies.bvlc_trajectory import _blocks as blocks
+from tests.engine import trajectory
 from tests.engine.test_mpi_training import _mpiexec
 
 STEPS = 4
@@ -23,8 +24,8 @@ def write_case(folder, build, ranks=1, steps=STEPS, **solver):
     """Net files (trainer's, reference's) and a solver for one family; returns (solver, ref text,
     inputs)."""
     body, inputs, make = build()
-    listing = trajectory.write_batches(folder, inputs, steps, make, ranks=ranks)
-    train, ref = trajectory.net_texts(body, inputs, listing)
+    listing = blocks.write_batches(folder, inputs, steps, make, ranks=ranks)
+    train, ref = blocks.net_texts(body, inputs, listing)
     net_path = os.path.join(str(folder), "net.prototxt")
     with open(net_path, "w") as f:
         f.write(train)
@@ -67,25 +68,25 @@ def path(request):
 
 
 @pytest.mark.parametrize("path", list(PATHS), indirect=True)
-@pytest.mark.parametrize("family", list(trajectory_nets.FAMILIES))
+@pytest.mark.parametrize("family", list(blocks.FAMILIES))
 def test_trainer_steps_equal_the_reference(tmp_path, family, path):
-    errors, names, bad = train_and_check(tmp_path, trajectory_nets.FAMILIES[family])
+    errors, names, bad = train_and_check(tmp_path, blocks.FAMILIES[family])
     assert not bad, f"{family} on {path}: " + "; ".join(bad)
 
 
-@pytest.mark.parametrize("block", list(trajectory_nets.BLOCKS))
+@pytest.mark.parametrize("block", list(blocks.BLOCKS))
 def test_modern_blocks_four_steps_equal_the_reference(tmp_path, block):
-    errors, names, bad = train_and_check(tmp_path, trajectory_nets.BLOCKS[block])
+    errors, names, bad = train_and_check(tmp_path, blocks.BLOCKS[block])
     assert not bad, f"{block}: " + "; ".join(bad)
 
 
 def _one_layer_net(size, kernel, pad):
     """One Convolution on a size x size input: the issue's reproduction."""
     def build():
-        body = (trajectory_nets._conv("conv", "data", "a", 8, kernel, pad=pad)
-                + trajectory_nets._pool("gap", "a", "g", "AVE", global_pool=True)
-                + trajectory_nets._classifier("g"))
-        return (body,) + trajectory_nets._images(8, size)
+        body = (blocks._conv("conv", "data", "a", 8, kernel, pad=pad)
+                + blocks._pool("gap", "a", "g", "AVE", global_pool=True)
+                + blocks._classifier("g"))
+        return (body,) + blocks._images(8, size)
     return build
 
 
@@ -102,11 +103,11 @@ def test_single_convolution_on_alternating_batches(tmp_path, size, kernel, pad):
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("net", list(trajectory_nets.FAMILIES) + list(trajectory_nets.BLOCKS))
+@pytest.mark.parametrize("net", list(blocks.FAMILIES) + list(blocks.BLOCKS))
 def test_two_ranks_fp32_steps_equal_the_reference_and_each_other(tmp_path, net):
     """``mpiexec -n 2`` with the float32 exchange: each rank's local gradients against the
     reference at every step, and the ranks' parameters bit-identical after every step."""
-    build = {**trajectory_nets.FAMILIES, **trajectory_nets.BLOCKS}[net]
+    build = {**blocks.FAMILIES, **blocks.BLOCKS}[net]
     solver, ref, inputs = write_case(tmp_path, build, ranks=2,
                                      comm='{ codec: "fp32" async: false }')
     ref_path = os.path.join(str(tmp_path), "reference.prototxt")

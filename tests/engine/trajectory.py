@@ -1,9 +1,9 @@
 """The trajectory oracle: the trainer's gradients, step by step, against a fresh reference Net.
 
-A net is written twice from one body of layers: with an ``HDF5Data`` layer that hands the trainer
-a different batch every step (``write_batches``), and with ``Input`` layers of the same shapes
-for the reference. :class:`GradientRecorder`, a solver callback placed first, keeps what each
-step of the trainer started from (every layer's blobs) and what it ended with before the update
+A net is written twice from one body of layers (studies/bvlc_trajectory/_blocks.py: the nets
+and their writers): with an ``HDF5Data`` layer that hands the trainer a different batch every
+step, and with ``Input`` layers of the same shapes for the reference. :class:`GradientRecorder`,
+a solver callback placed first, keeps what each step of the trainer started from (every layer's blobs) and what it ended with before the update
 (its batch, Dropout's masks, the local gradients, before any exchange). :func:`reference_gradients`
 then builds a *fresh* Net for each step on the plain paths (NumPy im2col, NumPy's BLAS, no kept
 buffers, pycaffe's separate forward and backward), loads that step's blobs, batch and masks and
@@ -13,9 +13,7 @@ earlier batch) shows at its second step as an error far above rounding.
 Imported by the tests and by ``trajectory_prog.py`` (the same under ``mpiexec``).
 """
 import contextlib
-import os
 
-import h5py
 import numpy
 
 from caffe8.engine import backend, blas
@@ -31,48 +29,6 @@ ROUNDING_FLOOR = 2e-6
 FIRST_STEP_BOUND = 1e-4
 #: gradients below this are zero in exact arithmetic (a bias before BatchNorm): compared absolutely
 NEGLIGIBLE = 1e-5
-
-
-def _shape_text(shape):
-    return " ".join(f"dim: {d}" for d in shape)
-
-
-def net_texts(body, inputs, batch_file):
-    """(trainer's net, reference net): ``body`` after an HDF5Data layer reading the list file
-    ``batch_file``, and after ``Input`` layers; ``inputs``: ``{top: shape}`` in top order."""
-    tops = " ".join(f'top: "{name}"' for name in inputs)
-    batch = next(iter(inputs.values()))[0]
-    train = (f'name: "oracle"\nlayer {{ name: "data" type: "HDF5Data" {tops} '
-             f'hdf5_data_param {{ source: "{batch_file}" batch_size: {batch} }} }}\n' + body)
-    ref = f'name: "oracle"\n' + "".join(
-        f'layer {{ name: "in_{name}" type: "Input" top: "{name}" '
-        f'input_param {{ shape {{ {_shape_text(shape)} }} }} }}\n'
-        for name, shape in inputs.items()) + body
-    return train, ref
-
-
-def write_batches(folder, inputs, steps, make, ranks=1, seed=0):
-    """An HDF5 file of ``steps * ranks`` batches (row ``r`` of every ``ranks`` goes to rank ``r``,
-    as HDF5Data shards) and its list file; ``make(name, shape, rng)`` draws one batch of input
-    ``name``. Returns the list file's path."""
-    rng = numpy.random.default_rng(seed)
-    data = {name: [] for name in inputs}
-    for _ in range(steps):
-        per_rank = {name: [make(name, shape, rng) for _ in range(ranks)]
-                    for name, shape in inputs.items()}
-        for name, shape in inputs.items():
-            rows = numpy.empty((shape[0] * ranks,) + tuple(shape[1:]), numpy.float32)
-            for r in range(ranks):
-                rows[r::ranks] = per_rank[name][r]
-            data[name].append(rows)
-    path = os.path.join(str(folder), "batches.h5")
-    with h5py.File(path, "w") as f:
-        for name, parts in data.items():
-            f[name] = numpy.concatenate(parts)
-    listing = os.path.join(str(folder), "batches.txt")
-    with open(listing, "w") as f:
-        f.write(path + "\n")
-    return listing
 
 
 def _layer_blobs(net):

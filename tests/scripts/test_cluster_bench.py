@@ -96,7 +96,7 @@ def test_dilated_narrowed_runs_give_both_sides_the_same_tensors_and_sleeps():
     """Time dilation multiplies every emulated time by k and narrowing divides every tensor's
     first axis; caffe8's run net and the DDP side read the same groups from it, and the share
     of parameters left is what the link's rate is scaled by."""
-    from scripts import _runs
+    from studies import _runs
     from scripts.make_emulated_net import read_groups
     solver = os.path.join(REPO, cb.NETS["caffenet"])
     plain, _ = cb.emulated_layers(solver)
@@ -131,7 +131,7 @@ def test_lenet_is_real_compute_with_inputs_for_its_data_layers():
     solver = os.path.join(REPO, cb.NETS["lenet"])
     assert cb._real_compute(solver) and not cb._real_compute(
         os.path.join(REPO, cb.NETS["caffenet"]))
-    from scripts import _runs
+    from studies import _runs
     net = cb._transform(solver, 4.0, 4)(_runs.load_train_net(solver)[1])
     assert [layer.type for layer in net.layer][:2] == ["Input", "Input"]
     assert cb._net_batch(solver) == 64

@@ -233,7 +233,7 @@ def test_budget_and_table(monkeypatch, tmp_path, capsys):
 
 def test_the_runs_prototxts_are_written_from_solver_benchmark(tmp_path):
     from caffe8.engine.prototxt import parse_file
-    from scripts import _runs
+    from studies import _runs
     solver = _runs.write_run_prototxts(gpu_check.SOLVER, str(tmp_path), gpu_check._batch(),
                                        "fp32", True, 0, 12)
     sp = parse_file(solver, type_name="SolverParameter")

@@ -9,15 +9,14 @@ import sys
 import numpy
 import pytest
 
-from studies.bvlc_trajectory import run
-from tests.engine import trajectory_nets
+from studies.bvlc_trajectory import _blocks as blocks, run
 
 
 def test_caffe8_against_itself_agrees_exactly(tmp_path):
     fake = tmp_path / "caffe"
     fake.write_text(f"#!/bin/sh\nexec {sys.executable} -m caffe8.cli \"$@\"\n")
     fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
-    rows = run.run_net("squeezenet", run._without_dropout(trajectory_nets.squeezenet_block),
+    rows = run.run_net("squeezenet", run._without_dropout(blocks.squeezenet_block),
                        str(fake), str(tmp_path / "out"), steps=2)
     assert len(rows) == 2 * 11          # conv1, three fire modules of three, conv10: w and b
     assert all(r[2:4] == (0.0, 0.0) for r in rows), rows
@@ -28,9 +27,8 @@ def test_caffe8_against_itself_agrees_exactly(tmp_path):
 
 def test_one_ulp_away_moves_every_batch_value_by_one_ulp_but_labels(tmp_path):
     import h5py
-    from tests.engine import trajectory
     inputs = {"data": (4, 3, 5, 5), "label": (4,)}
-    listing = trajectory.write_batches(
+    listing = blocks.write_batches(
         tmp_path, inputs, 2, lambda name, shape, r: (r.integers(0, 10, shape) if name == "label"
                                                      else 100 * r.standard_normal(shape)))
     net = tmp_path / "net.prototxt"
@@ -51,7 +49,7 @@ def test_one_ulp_away_moves_every_batch_value_by_one_ulp_but_labels(tmp_path):
 
 @pytest.mark.skipif(not os.environ.get("CAFFE8_BVLC_CAFFE"), reason="no BVLC Caffe build named")
 def test_blocks_follow_bvlc_caffe_step_by_step(tmp_path):
-    rows = run.run_net("resnet", trajectory_nets.resnet_block, os.environ["CAFFE8_BVLC_CAFFE"],
+    rows = run.run_net("resnet", blocks.resnet_block, os.environ["CAFFE8_BVLC_CAFFE"],
                        str(tmp_path), steps=4)
     for net, blob, *errs in rows:
         ours, floor = errs[:4], errs[4:]      # caffe8's four steps, then BVLC Caffe's own floor

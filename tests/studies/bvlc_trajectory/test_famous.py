@@ -12,8 +12,7 @@ import pytest
 from caffe8 import wiring
 from caffe8.engine import model_io
 from caffe8.engine.prototxt import parse_text
-from studies.bvlc_trajectory import famous, run
-from tests.engine import trajectory
+from studies.bvlc_trajectory import _blocks as blocks, famous, run
 
 DEPLOY = """name: "tiny-deploy"
 input: "data"
@@ -99,7 +98,7 @@ def test_a_net_without_an_input_is_named(tmp_path):
 def test_drawn_weights_follow_the_layer_types(tmp_path):
     text, _ = famous.training_net(_write(tmp_path, "deploy.prototxt", DEPLOY), 2,
                                   str(tmp_path / "batches.txt"))
-    trajectory.write_batches(tmp_path, {"data": (2, 3, 12, 12), "label": (2,)}, 1,
+    blocks.write_batches(tmp_path, {"data": (2, 3, 12, 12), "label": (2,)}, 1,
                              famous.make_batch)
     path = str(tmp_path / "init.caffemodel")
     famous.write_initial_model(text, path)

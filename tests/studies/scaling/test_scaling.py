@@ -13,7 +13,7 @@ import pytest
 
 from caffe8.engine.errors import CaffeError
 from caffe8.engine.prototxt import parse_file
-from scripts import _runs
+from studies import _runs
 from studies.scaling import _sweep as sweep
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(

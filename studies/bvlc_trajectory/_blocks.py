@@ -1,11 +1,61 @@
-"""Small nets for the trajectory oracle: one per family of layer configurations real nets use,
-and blocks built like ResNet, MobileNet, SqueezeNet, Inception and DenseNet. Each is ``(body, inputs,
-make)``: the layers after the data, ``{top: shape}``, and a batch drawer (tests/engine/trajectory.py).
+"""Small nets trained step by step: one per family of layer configurations real nets use, and
+blocks built like ResNet, MobileNet, SqueezeNet, Inception and DenseNet. Each is ``(body, inputs,
+make)``: the layers after the data, ``{top: shape}``, and a batch drawer. :func:`net_texts` and
+:func:`write_batches` turn one into files: the net over an ``HDF5Data`` layer (and over ``Input``
+layers of the same shapes), and the HDF5 file of a different batch every step.
+
+Trained by this study (run.py: caffe8 against BVLC Caffe) and by the trajectory oracle
+(tests/engine/trajectory.py: the trainer's gradients against a fresh reference Net).
 Spatial sizes are chosen so that both of Convolution's layouts run: 24x24 outputs (576
 positions) take the per-image path, smaller ones the batch path (layers/conv.py)."""
+import os
+
+import h5py
 import numpy
 
 BATCH = 4
+
+
+def _shape_text(shape):
+    return " ".join(f"dim: {d}" for d in shape)
+
+
+def net_texts(body, inputs, batch_file):
+    """(trainer's net, reference net): ``body`` after an HDF5Data layer reading the list file
+    ``batch_file``, and after ``Input`` layers; ``inputs``: ``{top: shape}`` in top order."""
+    tops = " ".join(f'top: "{name}"' for name in inputs)
+    batch = next(iter(inputs.values()))[0]
+    train = (f'name: "oracle"\nlayer {{ name: "data" type: "HDF5Data" {tops} '
+             f'hdf5_data_param {{ source: "{batch_file}" batch_size: {batch} }} }}\n' + body)
+    ref = f'name: "oracle"\n' + "".join(
+        f'layer {{ name: "in_{name}" type: "Input" top: "{name}" '
+        f'input_param {{ shape {{ {_shape_text(shape)} }} }} }}\n'
+        for name, shape in inputs.items()) + body
+    return train, ref
+
+
+def write_batches(folder, inputs, steps, make, ranks=1, seed=0):
+    """An HDF5 file of ``steps * ranks`` batches (row ``r`` of every ``ranks`` goes to rank ``r``,
+    as HDF5Data shards) and its list file; ``make(name, shape, rng)`` draws one batch of input
+    ``name``. Returns the list file's path."""
+    rng = numpy.random.default_rng(seed)
+    data = {name: [] for name in inputs}
+    for _ in range(steps):
+        per_rank = {name: [make(name, shape, rng) for _ in range(ranks)]
+                    for name, shape in inputs.items()}
+        for name, shape in inputs.items():
+            rows = numpy.empty((shape[0] * ranks,) + tuple(shape[1:]), numpy.float32)
+            for r in range(ranks):
+                rows[r::ranks] = per_rank[name][r]
+            data[name].append(rows)
+    path = os.path.join(str(folder), "batches.h5")
+    with h5py.File(path, "w") as f:
+        for name, parts in data.items():
+            f[name] = numpy.concatenate(parts)
+    listing = os.path.join(str(folder), "batches.txt")
+    with open(listing, "w") as f:
+        f.write(path + "\n")
+    return listing
 
 
 def _conv(name, bottom, top, num, k, stride=1, pad=0, group=1, dilation=1, bias=True, kind="Convolution"):

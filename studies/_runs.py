@@ -1,4 +1,4 @@
-"""The run helpers that scripts/ and studies/ share.
+"""The studies' library: the run helpers every study uses, and scripts/ with them.
 
 * prototxt rewriting: a copy of the solver and its train net with the batch size, the ``comm``
   block and the iteration count changed, written into the output folder;
