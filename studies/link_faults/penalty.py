@@ -15,10 +15,12 @@ hits every link alike. A link is ``clean`` or comma-separated ``delay=``, ``jitt
 is reported and left out. Per run, over the iterations after ``--skip`` (the slowest rank's wall
 time each): the mean, which is what a loss costs (a lost packet that no later one reveals waits
 for TCP's retransmission timer, 200 ms at least, and stalls one iteration: the median hides
-that), the median and the longest; the packets the link lost, the load average, and the md5 of
-the final model, which must be the same on every link (TCP resends what is lost). Writes
-OUT/penalty.csv (one row per round and link, then the medians over rounds with the ratio of the
-mean to the clean link's).
+that), the median and the longest; the packets the link lost and what TCP did about them
+(segments sent again, fast retransmits, tail loss probes, retransmission timeouts: counts that
+the machine's load does not blur), the load average, and the md5 of the final model, which must
+be the same on every link (TCP resends what is lost). Writes OUT/penalty.csv (one row per round
+and link, then the medians over rounds with the ratio of the mean to the clean link's, and the
+counts summed).
 """
 import argparse
 import hashlib
@@ -30,7 +32,14 @@ from caffe8.cluster import ClusterError, EmulatedCluster
 from scripts._runs import REPO, iteration_walls, read_timing_log, write_rows
 
 FIELDS = ("round", "link", "mean_seconds", "median_seconds", "max_seconds", "ratio_to_clean",
-          "lost_packets", "load_average", "model_md5")
+          "lost_packets", "retransmitted", "fast_retransmits", "loss_probes", "timeouts",
+          "load_average", "model_md5")
+# TCP's own counts of what it did about the losses (the nodes' namespaces, fresh each run):
+# segments sent again, of them by fast retransmit (three duplicate ACKs), tail loss probes,
+# and retransmission timer expiries (each a stall of 200 ms or more, whatever the load)
+TCP_COUNTERS = {"retransmitted": ("Tcp", "RetransSegs"),
+                "fast_retransmits": ("TcpExt", "TCPFastRetrans"),
+                "loss_probes": ("TcpExt", "TCPLossProbes"), "timeouts": ("TcpExt", "TCPTimeouts")}
 
 
 def parse_link(text):
@@ -66,9 +75,26 @@ def write_solver(solver, folder, iters):
     return path
 
 
+def tcp_counters(cluster):
+    """TCP_COUNTERS summed over the cluster's nodes (/proc/net/snmp and netstat are per
+    network namespace)."""
+    import subprocess
+    total = dict.fromkeys(TCP_COUNTERS, 0)
+    for i in range(cluster.nodes):
+        text = subprocess.run(cluster.in_node(i, ["cat", "/proc/net/snmp", "/proc/net/netstat"]),
+                              capture_output=True, text=True, check=True).stdout
+        lines = [line.split() for line in text.splitlines()]
+        table = {}
+        for head, values in zip(lines[::2], lines[1::2]):   # a header line, then its values
+            table.update({(head[0].rstrip(":"), k): int(v) for k, v in zip(head[1:], values[1:])})
+        for key, where in TCP_COUNTERS.items():
+            total[key] += table.get(where, 0)
+    return total
+
+
 def run_once(args, name, link, folder):
     """One training on a cluster with ``link``: ({mean, median, max seconds per iteration},
-    lost packets, md5)."""
+    {lost packets and TCP's counters}, md5)."""
     solver = write_solver(args.solver, folder, args.iters)
     logs = [os.path.join(folder, f"rank{r}.jsonl") for r in range(args.nodes)]
     mpmd = []
@@ -80,6 +106,7 @@ def run_once(args, name, link, folder):
             rc = cluster.run(mpmd, ppn=1, timeout=args.timeout, env={"PYTHONPATH": REPO},
                              stdout=out, mpmd=True, cwd=REPO)
         lost = sum(cluster.losses().values())
+        tcp = tcp_counters(cluster)
     if rc != 0:
         raise SystemExit(f"{name}: training exited with {rc}; see {folder}/train.log")
     records = [r for log in logs for r in read_timing_log(log)]
@@ -88,7 +115,7 @@ def run_once(args, name, link, folder):
                  max_seconds=max(walls))
     with open(os.path.join(folder, f"model_iter_{args.iters}.caffemodel"), "rb") as f:
         md5 = hashlib.md5(f.read()).hexdigest()
-    return times, lost, md5
+    return times, dict(lost_packets=lost, **tcp), md5
 
 
 def main(argv=None):
@@ -121,18 +148,20 @@ def main(argv=None):
                 del links[name], times[name]
                 continue
             times[name].append(seconds)
-            rows.append(dict(round=rnd, link=name, lost_packets=lost,
-                             load_average=os.getloadavg()[0], model_md5=md5, **seconds))
+            rows.append(dict(round=rnd, link=name, load_average=os.getloadavg()[0],
+                             model_md5=md5, **seconds, **lost))
             print(f"round {rnd} {name}: mean {seconds['mean_seconds']:.4f} s/iteration (median "
                   f"{seconds['median_seconds']:.4f}, longest {seconds['max_seconds']:.3f}), "
-                  f"{lost} packets lost, load {os.getloadavg()[0]:.1f}, model {md5}", flush=True)
+                  + ", ".join(f"{v} {k.replace('_', ' ')}" for k, v in lost.items())
+                  + f", load {os.getloadavg()[0]:.1f}, model {md5}", flush=True)
     over_rounds = {name: {k: statistics.median(v[k] for v in values) for k in values[0]}
                    for name, values in times.items() if values}
     clean = over_rounds.get("clean", {}).get("mean_seconds")
     for name, seconds in over_rounds.items():
         ratio = seconds["mean_seconds"] / clean if clean else ""
-        rows.append(dict(round="all", link=name, ratio_to_clean=ratio, **seconds,
-                         lost_packets=sum(r["lost_packets"] for r in rows if r["link"] == name)))
+        counts = {k: sum(r[k] for r in rows if r["link"] == name and r["round"] != "all")
+                  for k in ("lost_packets",) + tuple(TCP_COUNTERS)}
+        rows.append(dict(round="all", link=name, ratio_to_clean=ratio, **seconds, **counts))
         print(f"{name}: mean {seconds['mean_seconds']:.4f} s/iteration (medians over rounds)"
               + (f", {ratio:.3f}x the clean link's" if clean else ""))
     md5s = {r["model_md5"] for r in rows if r.get("model_md5")}
