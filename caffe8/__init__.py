@@ -21,9 +21,6 @@ if not _os.path.isdir(_os.path.join(_here, "engine")) and \
     __path__.append(_root)  # a source tree: caffe8.engine is <root>/engine
 
 
-#: pycaffe's modules that ``caffe.<name>`` reaches without an import of their own in
-#: ``caffe8.api`` (``caffe.draw``, BVLC's draw_net.py)
-_PYCAFFE_MODULES = ("draw",)
 #: modules of the composition root that ``caffe8.<name>`` imports on first use: ``caffe8.ddp``
 #: (PyTorch's DDP hook) needs torch, which ``import caffe8`` must never import
 _LAZY_MODULES = ("ddp",)
@@ -37,7 +34,7 @@ def __getattr__(name):
         return list(importlib.import_module("caffe8.api").__all__)
     if name.startswith("__") or name == "api":
         raise AttributeError(name)
-    if name in _SUBPACKAGES or name in _PYCAFFE_MODULES or name in _LAZY_MODULES:
+    if name in _SUBPACKAGES or name in _LAZY_MODULES:
         try:
             return importlib.import_module(f"{__name__}.{name}")
         except ModuleNotFoundError as e:

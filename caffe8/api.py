@@ -19,6 +19,7 @@ from caffe8.device import (NCCL, Timer, has_nccl, layer_type_list, set_device,  
                            set_mode_cpu, set_mode_gpu, set_multiprocess, set_random_seed,
                            set_solver_count, set_solver_rank, solver_count, solver_rank)
 from caffe8 import coord_map  # noqa: E402, F401  (pycaffe's caffe.coord_map)
+from caffe8 import draw  # noqa: E402, F401  (pycaffe's caffe.draw; pydot loads when it draws)
 from caffe8 import layers  # noqa: E402  (the layer package doubles as NetSpec's factory, `L`)
 from caffe8.engine import net_spec  # noqa: E402, F401  (pycaffe's caffe.net_spec)
 from caffe8.engine.net_spec import NetSpec, params, to_proto  # noqa: E402
@@ -36,4 +37,4 @@ __all__ = ["Net", "Blob", "Layer", "TRAIN", "TEST", "Solver", "SGDSolver", "Nest
            "set_mode_cpu", "set_mode_gpu", "set_device", "set_random_seed", "layer_type_list",
            "io", "proto", "Classifier", "Detector", "NetSpec", "layers", "params", "to_proto",
            "init_log", "log", "Timer", "NCCL", "has_nccl", "solver_count", "set_solver_count",
-           "solver_rank", "set_solver_rank", "set_multiprocess", "coord_map", "net_spec"]
+           "solver_rank", "set_solver_rank", "set_multiprocess", "coord_map", "net_spec", "draw"]

@@ -81,9 +81,22 @@ def check_file_arguments(args):
             _check_writable(flag, str(value), folder=kind == "dir", make_folder=kind == "log")
 
 
+class _Version(argparse.Action):
+    """``--version``: the release and, from a clone, the commit (``caffe8.version``); asked of
+    git only when the flag is given."""
+
+    def __init__(self, option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS,
+                 help="show caffe8's version (with the commit, in a git clone) and exit"):
+        super().__init__(option_strings, dest, default=default, nargs=0, help=help)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        from caffe8.version import describe
+        print(f"caffe8 {describe()}")
+        parser.exit()
+
+
 def build_parser():
     """``caffe8``'s parser: a subcommand per module of ``caffe8.tools``, listed by group."""
-    from caffe8 import __version__
     from caffe8.tools import add_subcommands, grouped_help, tool_modules
     ap = argparse.ArgumentParser(
         prog="caffe8", usage="caffe8 [-h] [--version] COMMAND ...", description=DESCRIPTION,
@@ -91,7 +104,7 @@ def build_parser():
         epilog=grouped_help(tool_modules()) + "\n\nFlags may be spelled as in Caffe: -solver, "
         "-weights, -model, -iterations, -gpu, -sigint_effect ...\n'caffe8 COMMAND --help' "
         "lists a command's own.")
-    ap.add_argument("--version", "-version", action="version", version=f"caffe8 {__version__}")
+    ap.add_argument("--version", "-version", action=_Version)
     sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND", prog="caffe8",
                             help=argparse.SUPPRESS)
     add_subcommands(sub)

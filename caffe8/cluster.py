@@ -32,11 +32,23 @@ From Python (the cluster benchmark and the tests use it so)::
         cluster.run(["caffe8", "train", "--solver", ...], ppn=1)
         print(cluster.counters())
 
+Time dilation (``dilation=k``, ``--dilation k``; as DieCast, Gupta, Vishwanath, Vahdat and
+Voelker, "DieCast: testing distributed systems with an accurate scale model", NSDI 2008): every
+node's processes are capped together at ``ppn / k`` of a CPU core (a cgroup's CPU bandwidth, one
+core per process on the emulated node), each link's rate is divided by k and its delay multiplied
+by k. A job that also multiplies its emulated device times by k (scripts/cluster_bench.py does)
+then runs k times slower in every part, host work included, and its times divided by k are those
+of a cluster with one core per process: 16 processes on 2 cores at k = 8 weigh as 16 nodes of
+their own. The cgroups also get the largest CPU weight, so that other work on the machine does
+not take the cores the caps promise. ``dilation_needed(P)`` is the smallest sound k for P
+processes here.
+
 Needs root and iproute2's ``ip`` and ``tc`` plus util-linux's ``unshare``; otherwise one error
 line says what is missing (``available()`` tells without changing anything). Imports only the
 standard library and the engine's error class.
 """
 import json
+import math
 import os
 import shutil
 import signal
@@ -81,6 +93,128 @@ def parse_rate(text):
             break
     raise ClusterError(f"--rate {text!r}: expected a positive number with a unit of "
                        f"{', '.join(_RATE_UNITS)} (e.g. 1gbit, 10gbit, 500mbit)")
+
+
+def host_cores():
+    """CPU cores this process may run on (its affinity mask)."""
+    return len(os.sched_getaffinity(0))
+
+
+#: the share of the machine's cores that capped nodes may take together when processes
+#: outnumber cores: the rest is for the kernel's side of the links (TCP, veth, tc) and the
+#: launchers, which no cap covers
+CORE_SHARE = 0.85
+
+
+def dilation_needed(processes, cores=None):
+    """The smallest sound dilation for ``processes`` (one core each, the emulated nodes'
+    promise) on this machine: 1 while they fit in its cores, else processes / (CORE_SHARE x
+    cores), rounded up to a half."""
+    cores = cores or host_cores()
+    if processes <= cores:
+        return 1.0
+    return math.ceil(2 * processes / (CORE_SHARE * cores)) / 2
+
+
+class CpuGroups:
+    """One CPU cgroup per node under ``<cpu controller>/caffe8-<prefix>``: a bandwidth cap (the
+    dilation's host slowdown) and the largest weight. cgroup v2 (``cpu.max``, ``cpu.weight``)
+    or v1's cpu controller (``cpu.cfs_quota_us``, ``cpu.shares``), whichever is mounted."""
+
+    PERIOD_US = 10000        # a 10 ms CFS period: a capped process waits at most ~10 ms a turn
+
+    def __init__(self, prefix, nodes, mount):
+        self.mount = mount       # the controller bind-mounted here: ``ip netns exec`` remounts
+        self.root = self._controller()   # /sys, so a process in a node would not find it there
+        if self.root is None:
+            raise ClusterError("time dilation needs the cgroup CPU controller (cgroup v2's "
+                               "cpu.max or v1's cpu.cfs_quota_us under /sys/fs/cgroup); none "
+                               "is mounted here")
+        self.v2 = os.path.exists(os.path.join(self.root, "cgroup.controllers"))
+        self.top = os.path.join(self.root, f"caffe8-{prefix}")
+        self.nodes = [os.path.join(self.top, f"n{i}") for i in range(nodes)]
+
+    def procs(self, i):
+        """The file that moves a process into node i's group, from inside any namespace."""
+        return os.path.join(self.mount, os.path.relpath(self.nodes[i], self.root),
+                            "cgroup.procs")
+
+    @staticmethod
+    def _controller():
+        v2 = "/sys/fs/cgroup"
+        try:
+            with open(os.path.join(v2, "cgroup.controllers"), encoding="ascii") as f:
+                if "cpu" in f.read().split():
+                    return v2
+        except OSError:
+            pass
+        v1 = "/sys/fs/cgroup/cpu"
+        return v1 if os.path.exists(os.path.join(v1, "cpu.cfs_quota_us")) else None
+
+    @staticmethod
+    def _write(path, value):
+        try:
+            with open(path, "w", encoding="ascii") as f:
+                f.write(str(value))
+        except OSError as e:
+            raise ClusterError(f"cannot write {value!r} to {path}: {e.strerror}") from None
+
+    def create(self):
+        os.makedirs(self.top, exist_ok=True)
+        if self.v2:
+            self._write(os.path.join(self.root, "cgroup.subtree_control"), "+cpu")
+            self._write(os.path.join(self.top, "cgroup.subtree_control"), "+cpu")
+        self._write(os.path.join(self.top, "cpu.weight" if self.v2 else "cpu.shares"),
+                    10000 if self.v2 else 262144)
+        for path in self.nodes:
+            os.makedirs(path, exist_ok=True)
+        os.makedirs(self.mount, exist_ok=True)
+        _sh(["mount", "--bind", self.root, self.mount])
+
+    def cap(self, cores):
+        """Cap every node at ``cores`` CPU cores (a fraction is a share of one core's time;
+        None: no cap)."""
+        quota = -1 if cores is None else max(1000, int(round(cores * self.PERIOD_US)))
+        for path in self.nodes:
+            if self.v2:
+                self._write(os.path.join(path, "cpu.max"),
+                            f"{'max' if quota < 0 else quota} {self.PERIOD_US}")
+            else:
+                self._write(os.path.join(path, "cpu.cfs_quota_us"), -1)
+                self._write(os.path.join(path, "cpu.cfs_period_us"), self.PERIOD_US)
+                self._write(os.path.join(path, "cpu.cfs_quota_us"), quota)
+
+    def remove(self):
+        """Remove the groups, every node's that is there (their processes must be gone), and
+        the controller's mount; quiet where nothing is left."""
+        if os.path.ismount(self.mount):
+            _sh(["umount", "-l", self.mount], check=False)
+        try:
+            found = [os.path.join(self.top, d) for d in os.listdir(self.top)
+                     if os.path.isdir(os.path.join(self.top, d))]
+        except OSError:
+            found = []
+        for path in found + [self.top]:
+            for _ in range(20):
+                try:
+                    os.rmdir(path)
+                    break
+                except FileNotFoundError:
+                    break
+                except OSError:          # a killed process not yet reaped: wait a moment
+                    time.sleep(0.05)
+
+    def stat(self):
+        """{node index: (periods, throttled periods)} since the groups were made."""
+        out = {}
+        for i, path in enumerate(self.nodes):
+            try:
+                with open(os.path.join(path, "cpu.stat"), encoding="ascii") as f:
+                    fields = dict(line.split() for line in f if line.strip())
+            except OSError:
+                continue
+            out[i] = (int(fields.get("nr_periods", 0)), int(fields.get("nr_throttled", 0)))
+        return out
 
 
 def available():
@@ -186,7 +320,7 @@ class EmulatedCluster:
     """N network-namespace nodes on a shaped switch; ``up()``/``down()`` or a ``with`` block."""
 
     def __init__(self, nodes=2, rate="10gbit", delay="", prefix=DEFAULT_PREFIX,
-                 subnet=DEFAULT_SUBNET, jitter="", loss=0.0):
+                 subnet=DEFAULT_SUBNET, jitter="", loss=0.0, dilation=1.0, cpu_groups=False):
         if not 1 <= int(nodes) <= 250:
             raise ClusterError(f"--nodes {nodes}: expected 1 to 250")
         if not prefix.replace("-", "").isalnum() or len(prefix) > 8:
@@ -202,6 +336,42 @@ class EmulatedCluster:
         self.prefix, self.subnet = prefix, subnet
         self.state_dir = os.path.join(STATE_ROOT, prefix)
         self.launcher = os.path.join(self.state_dir, "launch")
+        self.cpu = None
+        self._dilate(dilation, cpu_groups)
+
+    def _dilate(self, dilation, cpu_groups=False):
+        """Set the factor and what follows from it: tc's rate and delay, the CPU groups (made
+        for a dilation above 1, or always with ``cpu_groups``: their weight then keeps the
+        machine's other work off the nodes' cores even undilated)."""
+        try:
+            dilation = float(dilation)
+        except (TypeError, ValueError):
+            dilation = float("nan")
+        if not 1 <= dilation <= 1000:
+            raise ClusterError(f"--dilation {dilation}: expected a factor from 1 to 1000")
+        self.dilation = dilation
+        # what tc applies: the emulated link, slowed by the dilation
+        self.link_rate_bps = self.rate_bps / dilation
+        if (dilation > 1 or cpu_groups) and self.cpu is None:
+            self.cpu = CpuGroups(self.prefix, self.nodes, os.path.join(self.state_dir, "cgroup"))
+
+    def reshape(self, dilation=None, rate=None):
+        """Change the dilation and/or the link rate of a cluster that is up: the links reshaped,
+        the CPU groups made where they were not (at dilation 1 they stay, uncapped)."""
+        had_groups = self.cpu is not None
+        if rate is not None:
+            self.rate, self.rate_bps = str(rate), parse_rate(rate)
+        self._dilate(self.dilation if dilation is None else dilation)
+        for i in range(self.nodes):
+            for where, dev in ((self.ns(i), IFACE), (self.switch, f"p{i}")):
+                # anew (a lossy link's classes and filter cannot be added twice)
+                _sh(["ip", "netns", "exec", where, "tc", "qdisc", "del", "dev", dev, "root"],
+                    check=False)
+                self._shape(where, dev)
+        if self.cpu is not None and not had_groups:
+            self.cpu.create()
+            self._write_launcher()
+        self._write_state()
 
     # --- names ------------------------------------------------------------------------------
     def ns(self, i):
@@ -229,7 +399,8 @@ class EmulatedCluster:
             raise ClusterError(f"no emulated cluster '{prefix}' is up (no {path}); "
                                f"start one with 'caffe8 cluster up'") from None
         return cls(state["nodes"], state["rate"], state["delay"], prefix, state["subnet"],
-                   state.get("jitter", ""), state.get("loss", 0.0))
+                   jitter=state.get("jitter", ""), loss=state.get("loss", 0.0),
+                   dilation=state.get("dilation", 1.0), cpu_groups=state.get("cpu_groups", False))
 
     def up(self):
         """Create the namespaces, links, shaping, hosts files and the launcher script.
@@ -272,15 +443,22 @@ class EmulatedCluster:
                 f.write(hosts)
             with open(os.path.join(etc, "hostname"), "w", encoding="utf-8") as f:
                 f.write(self.host(i) + "\n")
+        if self.cpu is not None:
+            self.cpu.create()
         self._write_launcher()
+        self._write_state()
+
+    def _write_state(self):
         with open(os.path.join(self.state_dir, "state.json"), "w", encoding="utf-8") as f:
             json.dump({"nodes": self.nodes, "rate": self.rate, "delay": self.delay,
-                       "jitter": self.jitter, "loss": self.loss, "subnet": self.subnet}, f)
+                       "jitter": self.jitter, "loss": self.loss, "subnet": self.subnet,
+                       "dilation": self.dilation, "cpu_groups": self.cpu is not None}, f)
 
     def _shape(self, ns, dev):
-        delay = _tc_time(self.delay_s) if self.delay else ""
-        jitter = _tc_time(self.jitter_s) if self.jitter else ""
-        for cmd in _shaping(ns, dev, self.rate_bps, delay, jitter, self.loss):
+        # the emulated link, slowed by the dilation: rate / k, delay and jitter x k
+        delay = _tc_time(self.delay_s * self.dilation) if self.delay else ""
+        jitter = _tc_time(self.jitter_s * self.dilation) if self.jitter else ""
+        for cmd in _shaping(ns, dev, self.link_rate_bps, delay, jitter, self.loss):
             try:
                 _sh(cmd)
             except ClusterError as e:
@@ -302,7 +480,8 @@ class EmulatedCluster:
         """ssh's stand-in (Hydra's ``-launcher-exec``, Open MPI's ``plm_ssh_agent``): called as
         ``launch [-x] HOST COMMAND...`` (ssh's form), it runs COMMAND with ``sh -c`` (as sshd
         would) inside HOST's namespace and hostname."""
-        cases = "".join(f"  {self.host(i)}) ns={self.ns(i)} ;;\n" for i in range(self.nodes))
+        cases = "".join(f"  {self.host(i)}) ns={self.ns(i)}{self._join(i)} ;;\n"
+                        for i in range(self.nodes))
         script = (
             "#!/bin/sh\n"
             "# Written by caffe8.cluster: ssh for MPI launchers, into a namespace.\n"
@@ -319,6 +498,12 @@ class EmulatedCluster:
         os.chmod(tmp, 0o755)
         os.replace(tmp, self.launcher)
 
+    def _join(self, i):
+        """Shell words that move the calling shell into node i's CPU group (dilation only)."""
+        if self.cpu is None:
+            return ""
+        return f"; echo $$ > {self.cpu.procs(i)}"
+
     def down(self):
         """Kill every process in the cluster's namespaces and remove them, their hosts files and
         the state. Safe to call when nothing (or only part) is up. Returns (namespaces
@@ -331,6 +516,10 @@ class EmulatedCluster:
         for ns in ours:
             _sh(["ip", "netns", "del", ns], check=False)
             shutil.rmtree(os.path.join(NETNS_ETC, ns), ignore_errors=True)
+        try:                                 # (before the state folder: it holds the mount)
+            CpuGroups(self.prefix, self.nodes, os.path.join(self.state_dir, "cgroup")).remove()
+        except ClusterError:                 # no CPU controller: no groups were ever made
+            pass
         shutil.rmtree(self.state_dir, ignore_errors=True)
         return ours, killed
 
@@ -361,8 +550,9 @@ class EmulatedCluster:
     # --- running ----------------------------------------------------------------------------
     def in_node(self, i, argv):
         """argv that runs ``argv`` inside node i's namespace with the node's hostname."""
+        join = self._join(i)[2:] + " && " if self.cpu is not None else ""
         return ["ip", "netns", "exec", self.ns(i), "unshare", "--uts", "/bin/sh", "-c",
-                'hostname "$1" && shift && exec "$@"', "sh", self.host(i)] + list(argv)
+                join + 'hostname "$1" && shift && exec "$@"', "sh", self.host(i)] + list(argv)
 
     def mpiexec_argv(self, argv, ppn=1, mpiexec=None, env=None, mpmd=False):
         """``mpiexec`` (run in node 0) over every node, ``ppn`` processes each; ``env``: more
@@ -406,8 +596,16 @@ class EmulatedCluster:
         ``cwd`` / ``process_env``: the job's working folder and environment (default ours).
 
         Ctrl-C, a timeout or any error kills the whole job (every process in the namespaces)."""
-        return self._supervise(self.mpiexec_argv(argv, ppn, mpiexec, env, mpmd), argv, timeout,
-                               stdout, cwd, process_env)
+        cmd = self.mpiexec_argv(argv, ppn, mpiexec, env, mpmd)
+        if self.cpu is not None:
+            self.cpu.cap(ppn / self.dilation if self.dilation > 1 else None)
+            need = dilation_needed(self.nodes * ppn)
+            if self.dilation < need:
+                print(f"caffe8 cluster: dilation {self.dilation:g} is below {need:g} "
+                      f"({self.nodes * ppn} processes, one core each, on {host_cores()} "
+                      f"cores): the host, not the emulated nodes, sets the times",
+                      file=sys.stderr, flush=True)
+        return self._supervise(cmd, argv, timeout, stdout, cwd, process_env)
 
     def login_env(self):
         """Variables under which a command for a real cluster runs here as written: each MPI's

@@ -286,7 +286,7 @@ class Fp8State:
                     continue
                 try:
                     if device is None:
-                        device = _Cuda(job.buf.device) if job.buf.is_cuda else _HOST
+                        device = _device_for(job.buf)
                         scope.enter_context(device.on_thread())
                     device.wait(job.event)
                     for piece in self._start(device, job, pending):
@@ -591,6 +591,12 @@ class _Cuda:
         host = piece.cpu().numpy()
         codec.between_stages(host, ctx)
         piece.copy_(torch.from_numpy(host))
+
+
+def _device_for(buf):
+    """The device side of a bucket's tensors: :class:`_Cuda` for CUDA tensors, else the host's.
+    (tests/caffe8/ddp_ranks.py's 'cuda' case runs the CUDA side on the stand-in device.)"""
+    return _Cuda(buf.device) if buf.is_cuda else _HOST
 
 
 def fp8_hook(state, bucket):

@@ -13,8 +13,9 @@ _device = 0
 #: runs (``check_mode``), as BVLC's pycaffe fails in the first GPU call, not in set_mode_gpu
 _mode = "CPU"
 
-#: setup.cfg's extras that install GPU support from wheels (CuPy, the CUDA libraries it loads and
-#: cuDNN 9), by the CUDA major version of the NVIDIA driver, and the oldest driver of each
+#: setup.cfg's extras that install GPU support from wheels (CuPy, the CUDA libraries caffe8 has it
+#: load and cuDNN 9), by the CUDA major version, and the oldest NVIDIA driver of each (NVIDIA's
+#: minimum for CUDA 13 and 12: 580 and 525; a newer driver runs an older CUDA too)
 GPU_EXTRAS = (("cuda13", "580"), ("cuda12", "525"))
 
 

@@ -11,6 +11,13 @@ from caffe8.proto import caffe_pb2
 from caffe8.engine.errors import CaffeError, DataError
 from caffe8.engine.proto.blobs import array_to_blob, blob_shape
 
+class ImageReadError(DataError, OSError):
+    """An image file that cannot be read: a DataError (caffe8's one error line) that is also
+    the OSError (``IOError``) pycaffe's scikit-image raises, so ``except IOError`` catches it.
+    ``errno`` is the underlying error's (ENOENT for a missing file), ``None`` for a file that
+    is there but is no image."""
+
+
 # scikit-image's rgb2gray weights (ITU-R BT.709), which pycaffe's load_image(color=False) uses
 _GREY = numpy.array([0.2125, 0.7154, 0.0721], dtype=numpy.float32)
 
@@ -106,7 +113,9 @@ def load_image(filename, color=True):
                                                "RGB" if mode not in ("L", "1") else "L"),
                                     dtype=numpy.float32) / 255.0
     except OSError as e:
-        raise DataError(f"{filename}: cannot read image: {e}") from None
+        error = ImageReadError(f"{filename}: cannot read image: {e}")
+        error.errno = e.errno    # set after: OSError(errno, text) would reword the message
+        raise error from None
     if img.ndim == 2:
         img = img[:, :, None]
     if img.shape[2] == 4:

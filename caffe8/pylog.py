@@ -1,12 +1,17 @@
 """The log of the pycaffe-style API: glog lines written where BVLC's pycaffe writes them.
 
-BVLC's glog writes to file descriptor 2 itself, below Python's ``sys.stderr``: in a terminal
-that is the same place, in a notebook the log goes to the kernel's own stderr (the terminal
-that started Jupyter) and the cells stay readable. caffe8's pycaffe log does the same.
+BVLC's glog writes to file descriptor 2 itself, below Python's ``sys.stderr``, and caffe8's
+pycaffe log does the same. In a terminal that is stderr. In a Jupyter notebook it used to be
+the kernel's own stderr (the terminal that started Jupyter), but ipykernel 6 and later forwards
+file descriptor 2 into the cells as well (its ``capture_fd_output``, on by default), where a
+training loop's INFO lines would bury the cell's output: hundreds to thousands of lines in
+BVLC's own example notebooks. So in such a kernel the INFO lines are off unless asked for, and
+warnings and errors still show.
 
-``GLOG_minloglevel`` (read from the environment as glog does: ``GLOG_minloglevel=1`` drops the
-INFO lines, 2 the warnings too) or ``caffe.init_log(level)`` sets the lowest level written;
-``caffe.init_log()`` without a level keeps it, as BVLC's ``InitLog``.
+The lowest level written: ``caffe.init_log(level)`` when it was called with one; else glog's
+``GLOG_minloglevel`` when it is set (1 drops the INFO lines, 2 the warnings too; 0 keeps
+everything, in a notebook too); else 1 in a Jupyter kernel that forwards file descriptor 2 into
+its cells and 0 elsewhere. ``caffe.init_log()`` without a level keeps it, as BVLC's ``InitLog``.
 """
 import os
 import sys
@@ -36,9 +41,28 @@ class _Fd2:
 FD2 = _Fd2()
 
 
+def cells_show_fd2():
+    """True in a Jupyter (IPython) kernel that forwards file descriptor 2 into the cells:
+    ipykernel's ``IPKernelApp.capture_fd_output`` (ipykernel 6 and later, on by default)."""
+    ipython = sys.modules.get("IPython")
+    shell = ipython.get_ipython() if ipython is not None else None
+    if getattr(shell, "kernel", None) is None:
+        return False      # a terminal's IPython, or plain Python
+    app = sys.modules.get("ipykernel.kernelapp")
+    kernel_app = getattr(app, "IPKernelApp", None)
+    if kernel_app is None or not kernel_app.initialized():
+        return True       # another kernel: assume it shows what fd 2 gets
+    return bool(getattr(kernel_app.instance(), "capture_fd_output", False))
+
+
 def min_level():
-    """The lowest level written: ``init_log``'s, else ``GLOG_minloglevel``."""
-    return env_min_level() if _level is None else _level
+    """The lowest level written: ``init_log``'s, else ``GLOG_minloglevel``, else 1 (warnings)
+    where notebook cells show file descriptor 2 and 0 (everything) elsewhere."""
+    if _level is not None:
+        return _level
+    if os.environ.get("GLOG_minloglevel"):
+        return env_min_level()
+    return 1 if cells_show_fd2() else 0
 
 
 def logger(rank=0):

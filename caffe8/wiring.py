@@ -102,10 +102,10 @@ def register_all():
     # comm.config hands comm's registries to the schema (engine.schema.provide_choices)
     for module in ("caffe8.layers", "caffe8.solvers", "caffe8.comm.config"):
         importlib.import_module(module)
-    import caffe8
+    from caffe8 import caffe_alias
     from caffe8.layers import python_layer
     # Python layers written for pycaffe say `import caffe`: offer this package under that name
-    python_layer.MODULE_ALIASES.setdefault("caffe", caffe8)
+    python_layer.before_import = caffe_alias.install
 
 
 def make_exchange(world, comm_param, net, log=None, timed=False):

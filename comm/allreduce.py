@@ -66,16 +66,24 @@ def create_transport(name, comm, processes_per_node=0, waiter=BLOCKING):
     return TRANSPORTS[name](comm, processes_per_node, waiter)
 
 
+#: blocks of at least this many bytes go to their peers one peer at a time (``_pairwise``)
+PAIRWISE_MIN_BYTES = 1 << 16
+_PAIRWISE_TAG = 0x0C8A
+
+
 def reduce_scatter_ordered(comm, buf, wire, scratch, waiter=BLOCKING):
     """Reduce-scatter in place: block ``rank`` of ``buf`` becomes the sum of every rank's block.
 
-    ``buf`` is split into n equal blocks. One Alltoallv (no self block: nothing is copied
-    locally) hands rank r the r-th block of every other rank; rank r then adds the n blocks
-    itself in ascending source rank, ((x0 + x1) + x2) + ..., so the order is fixed and known
-    (the tests' NumPy simulation repeats it) rather than whatever MPICH's reduce-scatter picks.
-    The chain ends in ``buf``'s own block: once the running sum reaches the term x_r it is
-    added *into* that block (dst = src + dst is exact-commutative), and later terms follow it.
-    Returns that block (a view of ``buf``).
+    ``buf`` is split into n equal blocks. Rank r receives the r-th block of every other rank
+    (no self block: nothing is copied locally) and then adds the n blocks itself in ascending
+    source rank, ((x0 + x1) + x2) + ..., so the order is fixed and known (the tests' NumPy
+    simulation repeats it) rather than whatever MPICH's reduce-scatter picks. The chain ends in
+    ``buf``'s own block: once the running sum reaches the term x_r it is added *into* that block
+    (dst = src + dst is exact-commutative), and later terms follow it. Returns that block (a
+    view of ``buf``).
+
+    The blocks travel by one Alltoallv, or, from 3 ranks on with blocks of at least
+    PAIRWISE_MIN_BYTES, one peer at a time (:func:`_pairwise`): the same bytes and sums.
     """
     n, r = comm.Get_size(), comm.Get_rank()
     blocks = buf.reshape(n, -1)
@@ -84,15 +92,32 @@ def reduce_scatter_ordered(comm, buf, wire, scratch, waiter=BLOCKING):
     size = blocks.shape[1]
     items = wire.items(size)
     recv = scratch.get((n - 1) * size, wire.dtype).reshape(n - 1, size)
-    counts = [items] * n
-    counts[r] = 0
-    sdispls = [j * items for j in range(n)]
-    rdispls = [(j - (j > r)) * items for j in range(n)]   # peer j -> row j (j < r) or j-1
-    rdispls[r] = 0
-    collective(waiter, "Alltoallv", comm, [buf, (counts, sdispls), wire.datatype],
-               [recv, (counts, rdispls), wire.datatype])
+    if n > 2 and blocks[0].nbytes >= PAIRWISE_MIN_BYTES:
+        _pairwise(comm, blocks, recv, [items, wire.datatype], waiter)
+    else:
+        counts = [items] * n
+        counts[r] = 0
+        sdispls = [j * items for j in range(n)]
+        rdispls = [(j - (j > r)) * items for j in range(n)]   # peer j -> row j (j < r) or j-1
+        rdispls[r] = 0
+        collective(waiter, "Alltoallv", comm, [buf, (counts, sdispls), wire.datatype],
+                   [recv, (counts, rdispls), wire.datatype])
     terms = [recv[j - (j > r)] if j != r else blocks[r] for j in range(n)]
     return _ordered_chain(terms, r, wire.local_sum)
+
+
+def _pairwise(comm, blocks, recv, count_type, waiter):
+    """An Alltoallv's exchange in n - 1 rounds: in round i rank r sends block r + i to rank
+    r + i and receives its own block from rank r - i (mod n), so each process sends one message
+    and receives one at a time. Across nodes an Alltoallv's n - 1 transfers at once converge on
+    every receiving link together (incast): a switch port's queue overflows and TCP backs off;
+    one transfer a link each way keeps the queue short."""
+    n, r = comm.Get_size(), comm.Get_rank()
+    for i in range(1, n):
+        dst, src = (r + i) % n, (r - i) % n
+        waiter.wait([comm.Irecv([recv[src - (src > r)]] + count_type, source=src,
+                                tag=_PAIRWISE_TAG),
+                     comm.Isend([blocks[dst]] + count_type, dest=dst, tag=_PAIRWISE_TAG)])
 
 
 def _ordered_chain(terms, r, local_sum, start=None, copy=None):
@@ -235,6 +260,8 @@ class Transport:
             self.arena, self.shared_reason = _shared_arena(self._stage_comm(), nbytes)
             if device_reason and self.arena is not None:
                 self.shared_reason = f"host memory, not the GPUs': {device_reason}"
+        else:
+            self.shared_reason = None           # on the GPUs: nothing to explain
         return self.arena
 
     def host_buffer(self, length, dtype, shared=True):

@@ -94,7 +94,10 @@ class Table:
         """(midpoints float64, values float32) as arrays of module ``xp`` (cached)."""
         key = xp.__name__
         if key not in self._on:
-            self._on[key] = (xp.asarray(self.midpoints), xp.asarray(self.values, xp.float32))
+            tables = (xp.asarray(self.midpoints), xp.asarray(self.values, xp.float32))
+            if xp is not numpy:     # copied on this stream, read on every layer's: wait once
+                xp.cuda.get_current_stream().synchronize()
+            self._on[key] = tables
         return self._on[key]
 
     def encode(self, x, rounding="nearest"):

@@ -108,11 +108,11 @@ class Trip:
     diff: every step reads and the decode writes it), ``codec``, ``transport``, ``tensor`` (what
     the codec sees, its output buffer included) and, for sum codecs, ``at`` (its offset in its
     bucket's wire buffer), ``host`` and ``wire`` (its spans of the bucket's pinned host and
-    device wire buffers; one array on the CPU). The statistic: ``stat`` (left on the device;
-    None: nothing to agree on this iteration) and ``quantile`` (seconds of the statistic and its
-    agreement). The encode: ``payload`` and ``ctx`` (gather codecs: ``host``, the payload's host
-    copy). The reduction: ``reduced`` (the sum or the gathered rows; on the GPU the device
-    copy), cleared by the decode.
+    device wire buffers; one array on the CPU; no host span where the bucket has no mirror).
+    The statistic: ``stat`` (left on the device; None: nothing to agree on this iteration) and
+    ``quantile`` (seconds of the statistic and its agreement). The encode: ``payload`` and
+    ``ctx`` (gather codecs: ``host``, the payload's host copy). The reduction: ``reduced`` (the
+    sum or the gathered rows; on the GPU the device copy), cleared by the decode.
     """
     sl: slice
     grad: object
@@ -300,8 +300,8 @@ class Exchange(SolverCallback):
         """{(codec name, bucket): (host, device)}: every bucket's wire buffers, made here, before
         any stream uses them (``bucket_buffer``): the configured codec's (from the node-shared
         arena while it has room: on GPUs its device arena, when the node's GPUs share memory,
-        and then the host buffer is a private pinned mirror for the stage between nodes) and,
-        with warm-up iterations, the float32 codec's (private).
+        and then the host buffer is a private pinned mirror for the stage between nodes, or
+        None without one) and, with warm-up iterations, the float32 codec's (private).
         On the GPU each device buffer is zero-filled on the current stream, and ``_ready`` is an
         event after the fills, which every layer's stream waits for before its first step: a
         buffer made at a layer's first use on the compute stream was not ordered before that
@@ -321,8 +321,10 @@ class Exchange(SolverCallback):
                 length = self._wire_length(size, codec, transport)
                 device = transport.device_buffer(length, codec.wire.dtype) \
                     if codec is self.codec else None
-                host = transport.host_buffer(length, codec.wire.dtype,
-                                             shared=codec is self.codec)
+                # summed on the GPUs with no stage between nodes: no host mirror at all (a
+                # full-size pinned one cost 1.08 GB per rank for the fp32 GRU benchmark)
+                host = None if device is not None and transport.stages[1] == 1 else \
+                    transport.host_buffer(length, codec.wire.dtype, shared=codec is self.codec)
                 if device is None:
                     device = xp.zeros(length, codec.wire.dtype) if self.gpu else host
                 buffers[(codec.name, b)] = (host, device)
@@ -414,9 +416,9 @@ class Exchange(SolverCallback):
     def bucket_buffer(self, b, codec):
         """(host, device): bucket ``b``'s zero-padded wire buffer for ``codec`` (a sum codec of
         this exchange) on the gradient's device, and its pinned host mirror (one array on the
-        CPU), made by the constructor and kept from one iteration to the next: fresh buffers of
-        tens of MB cost page faults every call. Each tensor's encoder writes only its own span;
-        the padding stays zero."""
+        CPU; None for a buffer summed on the GPUs of one node), made by the constructor and kept
+        from one iteration to the next: fresh buffers of tens of MB cost page faults every call.
+        Each tensor's encoder writes only its own span; the padding stays zero."""
         return self.buffers[(codec.name, b)]
 
     def launch(self, layer):
@@ -444,7 +446,7 @@ class Exchange(SolverCallback):
             b = self._bucket_of[layer]
             host, device = self.bucket_buffer(b, codec)
             on_device = (codec.name, b) in self._on_device
-            host, wire = host[at:at + n], device[at:at + n]
+            host, wire = None if host is None else host[at:at + n], device[at:at + n]
         tensor = Tensor(key, self.net.flat_data[sl], self.iteration, self.world.size,
                         transport.stages, wire)
         return Trip(sl, self.net.flat_diff[sl], codec, transport, tensor, at, host, wire,
@@ -489,15 +491,18 @@ class Exchange(SolverCallback):
             trip.payload, trip.ctx = trip.codec.encode(trip.grad, trip.tensor)
         encoded = self._mark(stream)
         self._phase(future, "encode", start, encoded)
+        copies = False
         for trip in trips:
             if self.gpu:
                 if not trip.on_device:          # summed where it lies (the device arena)
                     self._copy_to_host(trip, stream)
+                    copies = True
             elif trip.codec.reduction == "gather":
                 trip.host = trip.payload
         if self.gpu:
             future.copied.append(self.clock.mark(stream))
-            self._phase(future, "d2h", encoded, future.copied[-1])
+            if copies:                          # no copy, no D2H time (an event gap is none)
+                self._phase(future, "d2h", encoded, future.copied[-1])
 
     def _copy_to_host(self, trip, stream):
         """Start the payload's D2H copy on ``stream``: into the tensor's span of the bucket's
@@ -561,7 +566,9 @@ class Exchange(SolverCallback):
         trips = [trip for f in futures for trip in f.trips]
         codec, transport = trips[0].codec, trips[0].transport
         host, device = self.bucket_buffer(b, codec)
-        between = BetweenStages(host, trips) if codec.between_stages is not None else None
+        # no mirror: summed on one node's GPUs, where there is no stage between nodes
+        between = BetweenStages(host, trips) \
+            if codec.between_stages is not None and host is not None else None
         t = time.perf_counter()
         if trips[0].on_device:          # on the GPUs; the node's piece crosses nodes via host
             transport.sum(device, codec.wire, between, host=host)
@@ -571,7 +578,7 @@ class Exchange(SolverCallback):
         for f in futures:
             for trip in f.trips:
                 trip.reduced = trip.wire if trip.on_device else trip.host
-            n = sum(trip.host.size for trip in f.trips)
+            n = sum(trip.wire.size for trip in f.trips)
             f.times["comm"] += (end - t) * n / max(self._bucket_size[b], 1)
             f.reduce = (t, end)
 
@@ -581,7 +588,8 @@ class Exchange(SolverCallback):
         if not self.gpu:
             return future
         with _on(future.stream):
-            future.h2d = self._mark(future.stream)
+            copies = any(not trip.on_device for trip in future.trips)
+            future.h2d = self._mark(future.stream) if copies else None     # None: no H2D time
             for trip in future.trips:
                 if trip.on_device:
                     pass                        # the sum is already in the device buffer

@@ -104,7 +104,10 @@ class FloatFormat:
         """The 2**bits float32 decode table on module ``xp`` (cached per module)."""
         key = xp.__name__
         if key not in self._tables:
-            self._tables[key] = xp.asarray(self._lut)
+            table = xp.asarray(self._lut)
+            if xp is not numpy:     # copied on this stream, read on every layer's: wait once
+                xp.cuda.get_current_stream().synchronize()
+            self._tables[key] = table
         return self._tables[key]
 
     # --- conversion ------------------------------------------------------------------------------

@@ -20,8 +20,10 @@ before a barrier is complete before any process reads it after. The caller makes
 encode into a buffer is complete before the first barrier of a sum (comm.exchange waits for the
 encode's event).
 
-If any step fails on any process (no GPU, a pair of GPUs without peer access, an IPC refusal),
-every process of the node gets ``(None, reason)`` and the transports stage through host memory.
+If any step fails on any process (no GPU, a GPU that cannot reach another process's: the
+processes exchange their GPUs' bus ids and ask ``deviceCanAccessPeer`` before any handle is
+opened; an IPC refusal), every process of the node gets ``(None, reason)`` and the transports
+stage through host memory.
 """
 import time
 
@@ -80,36 +82,35 @@ class DeviceArena:
     @classmethod
     def create(cls, comm, nbytes):
         """Collective over ``comm`` (one node's processes): an arena with ``nbytes`` per process,
-        or ``(None, reason)`` on every process when device memory cannot be shared."""
+        or ``(None, reason)`` on every process when device memory cannot be shared.
+
+        The processes first exchange their handles and their GPUs' PCI bus ids (an ordinal is
+        only a name inside one process's CUDA_VISIBLE_DEVICES), and each asks CUDA whether its
+        GPU reaches every other process's (``deviceCanAccessPeer``); only when every process
+        can does any of them open a handle: an open that succeeds between GPUs without peer
+        access would give addresses no kernel may touch."""
         size, rank = comm.Get_size(), comm.Get_rank()
         segment = round_up(max(int(nbytes), 1), ALIGN)
         cp = backend.cupy
-        own = handle = reason = None
+        own = handle = bus = reason = None
         if cp is None or not backend.on_gpu():
             reason = "not on a GPU"
         else:
             try:
+                bus = cp.cuda.runtime.deviceGetPCIBusId(cp.cuda.runtime.getDevice())
                 own = cp.cuda.Memory(segment)               # cudaMalloc, not the pool
                 cp.cuda.runtime.memset(own.ptr, 0, segment)
                 cp.cuda.runtime.deviceSynchronize()
                 handle = bytes(cp.cuda.runtime.ipcGetMemHandle(own.ptr))
             except Exception as exc:                        # CUDARuntimeError, MemoryError
                 reason = f"{type(exc).__name__}: {exc}"
-        handles = comm.allgather(handle)
+        peers = comm.allgather((handle, bus))
+        if reason is None:
+            reason = _peer_reason(cp, rank, [b for _, b in peers])
         pointers = [None] * size
-        if all(h is not None for h in handles):
-            for j in range(size):
-                if j == rank:
-                    pointers[j] = own.ptr
-                    continue
-                try:
-                    pointers[j] = cp.cuda.runtime.ipcOpenMemHandle(handles[j])
-                except Exception as exc:
-                    reason = f"process {j}'s segment: {type(exc).__name__}: {exc}"
-                    break
-        MPI = mpi_module()
-        everyone = comm.allreduce(0 if reason else 1, op=MPI.MIN)
-        if not everyone:
+        if _everyone(comm, reason):
+            reason = _open(cp, rank, [h for h, _ in peers], own, pointers)
+        if not _everyone(comm, reason):
             for j, p in enumerate(pointers):
                 if p is not None and j != rank:
                     cp.cuda.runtime.ipcCloseMemHandle(p)
@@ -202,3 +203,41 @@ class DeviceArena:
                 return                  # a process is gone or stuck: keep the memory
             time.sleep(0.001)
         self._own = None
+
+
+def _everyone(comm, reason):
+    """Collective: True when no process of ``comm`` has a ``reason`` against the arena."""
+    return bool(comm.allreduce(0 if reason else 1, op=mpi_module().MIN))
+
+
+def _peer_reason(cp, rank, buses):
+    """Why this process's GPU cannot reach every other process's GPU (bus ids ``buses``, in
+    rank order), or None. Processes on one GPU need no peer access."""
+    runtime = cp.cuda.runtime
+    mine, here = buses[rank], runtime.getDevice()
+    visible = None
+    for j, bus in enumerate(buses):
+        if bus is None or bus == mine:
+            continue
+        if visible is None:
+            visible = {runtime.deviceGetPCIBusId(d): d for d in range(runtime.getDeviceCount())}
+        if bus not in visible:
+            return (f"process {j}'s GPU {bus} is not visible to process {rank} (its "
+                    f"CUDA_VISIBLE_DEVICES)")
+        if not runtime.deviceCanAccessPeer(here, visible[bus]):
+            return f"no peer access from GPU {mine} (process {rank}) to GPU {bus} (process {j})"
+    return None
+
+
+def _open(cp, rank, handles, own, pointers):
+    """Open every other process's segment into ``pointers`` (this process's own at its rank);
+    returns why one could not be opened, or None."""
+    for j, handle in enumerate(handles):
+        if j == rank:
+            pointers[j] = own.ptr
+            continue
+        try:
+            pointers[j] = cp.cuda.runtime.ipcOpenMemHandle(handle)
+        except Exception as exc:
+            return f"process {j}'s segment: {type(exc).__name__}: {exc}"
+    return None

@@ -79,7 +79,8 @@ class Watchdog:
         self.ctl = comm.Dup()            # collective: every rank builds its watchdog at start
         self.timeout = float(timeout)
         self.warn_after = self.timeout * warn_fraction
-        self.grace = float(grace) if grace is not None else min(5.0, max(1.0, self.timeout / 4))
+        # at least 2 s for the answers: a busy rank's answering thread shares a loaded machine
+        self.grace = float(grace) if grace is not None else min(5.0, max(2.0, self.timeout / 4))
         self.log = log or _stderr
         self.iteration, self.started, self.where = 0, 0, "a collective"
         self.phase = _WAITING
@@ -184,14 +185,21 @@ class Watchdog:
         deadline = time.monotonic() + self.grace
         while time.monotonic() < deadline and len(heard) < self.size - 1 and not done():
             self._answer_questions()
-            while self.ctl.Iprobe(self.MPI.ANY_SOURCE, _TELL, status):
-                source = status.Get_source()
-                theirs = numpy.empty(3, numpy.int64)
-                self.ctl.Recv(theirs, source, _TELL)
-                heard[source] = tuple(int(v) for v in theirs)
+            self._collect_answers(heard, status)
             time.sleep(0.01)
+        # once more after the deadline: on a loaded machine this rank can be off the CPU past
+        # it while the answers arrive, and an answer waiting here is no stall
+        self._collect_answers(heard, status)
         self._answers.extend(asks)      # completed or cancelled with the answers in free()
         return heard
+
+    def _collect_answers(self, heard, status):
+        """Receive the answers that have arrived into ``heard``."""
+        while self.ctl.Iprobe(self.MPI.ANY_SOURCE, _TELL, status):
+            source = status.Get_source()
+            theirs = numpy.empty(3, numpy.int64)
+            self.ctl.Recv(theirs, source, _TELL)
+            heard[source] = tuple(int(v) for v in theirs)
 
     def _someone_busy(self, heard):
         """True when a rank answered from a busy phase; logs it once per rank and phase."""

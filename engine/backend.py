@@ -119,11 +119,10 @@ _rng = numpy.random.default_rng()
 
 
 def seed(s):
-    """Seed the host generator (and CuPy's, when present) deterministically."""
+    """Seed the host generator deterministically. It also keys the device's random numbers
+    (``random_uniform``); CuPy's own generator (cuRAND) is never used, and never loaded."""
     global _rng
     _rng = numpy.random.default_rng(s)
-    if _cupy_ok and gpu_available():
-        cupy.random.seed(s)
 
 
 def rng():

@@ -14,6 +14,7 @@ text_format's messages forget where their fields came from. Both parsers read th
 every prototxt in the repository.
 """
 import math
+import os
 import re
 
 from caffe8.engine import upgrade
@@ -320,16 +321,53 @@ def parse_text(text, filename="<string>", type_name="NetParameter"):
     return validate(msg)
 
 
+#: the most layers a net file may hold; ``CAFFE8_MAX_LAYERS`` sets another. Every process that
+#: builds a net parses and sets up each layer (a 100,000-layer net is initialised in ~25 s on a
+#: quiet 2-core machine, docs/BENCHMARKS.md L; beside other work and with two processes on two
+#: cores, several times that): a net of 700,000 layers ran past a 300 s limit before its first
+#: iteration. The largest published nets have a few thousand layers.
+MAX_LAYERS = 200_000
+#: a comment, or the start of a layer block (new or V1 spelling): counted without a copy of the
+#: text (a net over the limit can be hundreds of megabytes)
+_LAYER_OR_COMMENT = re.compile(rb"#[^\n]*|\blayers?\s*:?\s*\{")
+
+
+def max_layers():
+    """:data:`MAX_LAYERS`, or ``CAFFE8_MAX_LAYERS`` where set."""
+    value = os.environ.get("CAFFE8_MAX_LAYERS")
+    try:
+        return int(value) if value else MAX_LAYERS
+    except ValueError:
+        raise PrototxtError(f"CAFFE8_MAX_LAYERS={value!r}: not a whole number") from None
+
+
+def refuse_too_many_layers(raw, path):
+    """One error line for a net file of more than :func:`max_layers` layer blocks, counted in
+    the raw text (comments left out) before the seconds-per-thousand-layers parse begins."""
+    limit = max_layers()
+    if raw.count(b"layer") <= limit:       # the common case, at the speed of bytes.count
+        return
+    count = sum(1 for m in _LAYER_OR_COMMENT.finditer(raw) if raw[m.start()] != ord("#"))
+    if count > limit:
+        raise PrototxtError(f"{path}: a net of {count:,} layers, more than caffe8 builds "
+                            f"({limit:,}; each process would parse and build it for many "
+                            "minutes before the first iteration); CAFFE8_MAX_LAYERS sets the "
+                            f"limit (CAFFE8_MAX_LAYERS={count}) for a run that may wait that long")
+
+
 def parse_file(path, type_name="NetParameter"):
     """Parse the prototxt file at ``path`` (upgraded as ``parse_text`` does, and a solver's old
     ``solver_type`` enum moved into ``type``) and checked as ``parse_text`` checks it, so a bad
-    value fails here, naming its file:line:col."""
+    value fails here, naming its file:line:col. A net of more than :func:`max_layers` layers
+    is refused before it is parsed (:func:`refuse_too_many_layers`)."""
     try:
         with open(path, "rb") as f:
             raw = f.read()
     except OSError as e:
         raise PrototxtError(f"{path}: cannot read prototxt: {e.strerror}"
                             f"{relative_to_cwd(path)}") from None
+    if type_name == "NetParameter":
+        refuse_too_many_layers(raw, path)
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:

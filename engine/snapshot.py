@@ -111,15 +111,33 @@ def remove_stale_temporaries(prefix):
     return removed
 
 
-def snapshot_iters(prefix):
-    """Sorted iterations N of the ``<prefix>_iter_N`` snapshot files (model or solver state)."""
+def snapshot_files(prefix):
+    """``[(N, path)]`` of the ``<prefix>_iter_N`` snapshot files (model or solver state)."""
     directory = os.path.dirname(os.path.abspath(prefix))
     pattern = _prefix_pattern(prefix, "caffemodel|solverstate")
     try:
         names = os.listdir(directory)
     except OSError:
         return []
-    return sorted({int(m.group(1)) for m in map(pattern.fullmatch, names) if m})
+    return sorted((int(m.group(1)), os.path.join(directory, name))
+                  for name, m in zip(names, map(pattern.fullmatch, names)) if m)
+
+
+def snapshot_iters(prefix):
+    """Sorted iterations N of the ``<prefix>_iter_N`` snapshot files (model or solver state)."""
+    return sorted({n for n, _ in snapshot_files(prefix)})
+
+
+#: absolute paths of the snapshot files this process wrote (``written_here``)
+_WRITTEN_HERE = set()
+
+
+def written_here(*paths):
+    """Record snapshot files as this process's own; returns the set of them. A run that meets
+    them later in its prefix (a notebook solving again, pycaffe's solve() in a loop) meets its
+    own earlier work, not another run's."""
+    _WRITTEN_HERE.update(os.path.abspath(p) for p in paths)
+    return _WRITTEN_HERE
 
 
 def save_solverstate(path, state, learned_net, extra=None):
@@ -195,11 +213,14 @@ class PrefixLock:
     """``<prefix>.lock``, held (``fcntl.flock``) by the process that trains into ``prefix`` for
     as long as it trains, so that two live runs never write one prefix: the second is refused
     with one line naming the first (its process id is in the file). A lock of a dead process
-    is free again (the kernel drops it with the process)."""
+    is free again (the kernel drops it with the process); ``taken_over`` then names that
+    process (its file stays behind only when it ended without ``release``: killed), for the
+    log to say so."""
 
     def __init__(self, prefix):
         self.path = f"{prefix}.lock"
         self._fd = None
+        self.taken_over = None
 
     def acquire(self):
         import fcntl
@@ -221,6 +242,9 @@ class PrefixLock:
             if same:    # not a file its previous holder removed meanwhile
                 break
             os.close(fd)
+        left = os.pread(fd, 32, 0)
+        if left:    # release() removes the file: its holder ended without it
+            self.taken_over = left.decode(errors="replace").strip() or "unknown"
         os.ftruncate(fd, 0)
         os.write(fd, f"{os.getpid()}\n".encode())
         self._fd = fd
@@ -270,15 +294,33 @@ def check_pair(state_path, model_path, extra):
                          "pair of one run")
 
 
-def complete_pairs(prefix):
-    """``[(iteration, model, state)]`` of ``prefix``'s snapshots whose model and solver state
-    both exist (either format), oldest first: a kill between the two writes leaves a model
-    alone, which is not a place to resume from."""
-    pairs = []
+def _mtime(path):
+    try:
+        return os.stat(path).st_mtime_ns
+    except OSError:
+        return None
+
+
+def latest_pair(prefix):
+    """``(pair, skipped)`` for ``-snapshot latest``: ``pair`` is ``(iteration, model, state)``,
+    the complete snapshot of ``prefix`` written last, or None when there is none; ``skipped``
+    the iterations of snapshot files written after it that belong to no complete pair.
+
+    Newest by time, not by iteration: two runs on one prefix (a restart from scratch beside an
+    older run's higher iterations) resume from the run that wrote last. A pair is complete when
+    both files exist and the state is not older than its model (``write_snapshot`` writes the
+    model, then the state): a model alone, or a model rewritten by another run after the
+    state, is not a place to resume from. Ties of time go to the higher iteration."""
+    pairs, loose = [], []
     for n in snapshot_iters(prefix):
         for fmt in (HDF5, BINARYPROTO):
             model, state = snapshot_names(prefix, n, fmt)
-            if os.path.isfile(model) and os.path.isfile(state):
-                pairs.append((n, model, state))
-                break
-    return pairs
+            m, s = _mtime(model), _mtime(state)
+            if m is not None and s is not None and s >= m:
+                pairs.append((s, n, model, state))
+            else:
+                loose.extend((t, n) for t in (m, s) if t is not None)
+    if not pairs:
+        return None, sorted({n for _, n in loose})
+    written, n, model, state = max(pairs)
+    return (n, model, state), sorted({i for t, i in loose if t > written})

@@ -238,8 +238,10 @@ def mean_wall(records, skip=1, rank=None):
 def overlap(t_sync, t_async, t_none):
     """The share of the exchange's cost that the asynchronous exchange hides behind backward:
     (T_sync - T_async) / (T_sync - T_none), with the iteration times of the same net run with
-    the synchronous exchange, the asynchronous one, and no exchange (one process, the same batch
-    per process). 1: all of it hidden; 0: none; below 0: the asynchronous exchange is slower.
+    the synchronous exchange, the asynchronous one, and no exchange (as many processes on the
+    same devices, each training alone: a second process on a GPU slows the first, with or
+    without an exchange; the same batch per process). 1: all of it hidden; 0: none; below 0:
+    the asynchronous exchange is slower.
     The denominator is the exchange's whole cost as the iteration sees it, measured, not a sum
     of per-phase intervals (which count concurrent copies several times)."""
     cost = t_sync - t_none

@@ -13,13 +13,14 @@ import time
 import numpy
 
 from caffe8.engine import backend, blas, model_io
-from caffe8.engine.errors import CaffeError, SolverError
+from caffe8.engine.errors import CaffeError, SolverError, relative_to_cwd
 from caffe8.engine.glog import fmt
 from caffe8.engine.net import Net
 from caffe8.engine.pipelined import PipelinedUpdate
 from caffe8.engine.prototxt import parse_file, to_text
-from caffe8.engine.snapshot import (PrefixLock, check_pair, complete_pairs, load_solverstate,
-                                    remove_stale_temporaries, snapshot_iters, snapshot_names)
+from caffe8.engine.snapshot import (PrefixLock, check_pair, latest_pair, load_solverstate,
+                                    remove_stale_temporaries, snapshot_files, snapshot_names,
+                                    written_here)
 from caffe8.engine.solver import create_solver
 from caffe8.engine.tester import average_outputs, output_values
 from caffe8.engine.validate import place, validate
@@ -105,8 +106,10 @@ class Trainer:
         the solver line when it does not exist."""
         path = resolve_path(value, self.solver_path)
         if not os.path.isfile(path):
+            beside = "" if os.path.isabs(value) else \
+                f", nor in the solver's folder {os.path.dirname(os.path.abspath(self.solver_path))}"
             raise SolverError(f"{self.param.location(field)}: solver field '{field}': net file "
-                              f"'{value}' does not exist")
+                              f"'{value}' does not exist{relative_to_cwd(value)}{beside}")
         return path
 
     def _build_train_net(self):
@@ -218,7 +221,8 @@ class Trainer:
     def solve(self, resume_file=None, weights=None, progress=None):
         """Caffe's Solver::Solve: optional restore, Step to max_iter, final snapshot/display/test.
         The run owns its snapshot prefix meanwhile (``engine.snapshot.PrefixLock``).
-        ``resume_file`` "latest": the newest complete model + state pair of the prefix."""
+        ``resume_file`` "latest": the newest complete model + state pair of the prefix, or a
+        fresh start when it holds none."""
         lock = self._own_prefix()
         try:
             self._solve(resume_file, weights, progress)
@@ -235,6 +239,10 @@ class Trainer:
                 lock = PrefixLock(self.snapshot_prefix()).acquire()
             except (CaffeError, OSError) as e:
                 refusal = str(e)
+            if lock is not None and lock.taken_over:
+                self._warn(f"snapshot_prefix {self.snapshot_prefix()}: took over the lock "
+                           f"{lock.path} of process {lock.taken_over}, which ended without "
+                           "releasing it (killed?)")
         if self.world.size > 1:
             refusal = self.world.bcast(refusal, root=0)
         if refusal:
@@ -244,17 +252,23 @@ class Trainer:
         return lock
 
     def _latest_state(self):
-        """The solver state of the newest complete snapshot pair of the prefix, logged."""
+        """``-snapshot latest``: the solver state of the newest complete snapshot pair of the
+        prefix (``engine.snapshot.latest_pair``, chosen by rank 0 for every rank), logged; None
+        when the prefix holds none, and the run trains from scratch, saying so (a requeued job
+        script's first start: "resume if there is something to resume")."""
         prefix = self.snapshot_prefix()
-        pairs = complete_pairs(prefix)
-        if not pairs:
-            raise CaffeError(f"--snapshot latest: snapshot prefix {prefix} holds no complete "
-                             "snapshot (model and solver state)")
-        n, model, state = pairs[-1]
-        newer = [str(i) for i in snapshot_iters(prefix) if i > n]
-        self.log(f"Latest complete snapshot of {prefix}: iteration {n} ({model} + {state})"
-                 + (f"; skipped the incomplete one(s) of iteration(s) {', '.join(newer)}"
-                    if newer else ""))
+        found = latest_pair(prefix) if self.world.rank == 0 else None
+        if self.world.size > 1:
+            found = self.world.bcast(found, root=0)
+        pair, skipped = found
+        note = (f"; skipped the incomplete one(s) of iteration(s) {', '.join(map(str, skipped))}"
+                if skipped else "")
+        if pair is None:
+            self.log(f"--snapshot latest: snapshot prefix {prefix} holds no complete snapshot "
+                     f"(model and solver state){note}; training from scratch")
+            return None
+        n, model, state = pair
+        self.log(f"Latest complete snapshot of {prefix}: iteration {n} ({model} + {state}){note}")
         return state
 
     def _solve(self, resume_file, weights, progress):
@@ -505,11 +519,14 @@ class Trainer:
     def _check_snapshot_prefix(self):
         """Before training (rank 0): remove the temporaries a killed run of this prefix left
         behind, and warn when the prefix holds snapshots newer than where this run starts —
-        another run's, which this one would overwrite or mix with."""
+        another run's, which this one would overwrite or mix with (not those this process
+        wrote itself: a notebook solving again, ``%%timeit`` around ``solver.solve()``)."""
         prefix = self.snapshot_prefix()
         for path in remove_stale_temporaries(prefix):
             self.log(f"Removed a stale snapshot temporary of a killed run: {path}")
-        newer = [n for n in snapshot_iters(prefix) if n > self.iter]
+        mine = written_here()
+        newer = sorted({n for n, path in snapshot_files(prefix)
+                        if n > self.iter and path not in mine})
         if newer:
             self._warn(f"snapshot prefix {prefix} already holds snapshots of iteration(s) "
                        f"{', '.join(map(str, newer))}, newer than this run's start (iteration "
@@ -531,6 +548,7 @@ class Trainer:
                     model, state = model_io.write_snapshot(
                         self.net, self.solver.state(), self.snapshot_prefix(), self.iter,
                         p.snapshot_format, p.snapshot_diff, extra=extra, log=self.log)
+                written_here(model, state)
             except (OSError, CaffeError) as e:
                 failure = f"snapshot {model}: {e}"
         # Every rank waits until rank 0 has written (or failed): nobody aborts the job while

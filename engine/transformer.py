@@ -13,12 +13,13 @@ Caffe's BGR ``mean_value: 104 117 123`` and models trained by Caffe apply unchan
 one channel.
 """
 import io
+import os
 
 import numpy
 from PIL import Image, UnidentifiedImageError
 
 from caffe8.engine.datum import read_mean_file
-from caffe8.engine.errors import DataError
+from caffe8.engine.errors import DataError, relative_to_cwd
 
 
 class DataTransformer:
@@ -134,7 +135,8 @@ def _open(source, where):
         img.load()  # decode now so that a truncated file fails here, naming it
         return img
     except FileNotFoundError:
-        raise DataError(f"{where}: image file not found") from None
+        cwd = relative_to_cwd(source) if isinstance(source, (str, os.PathLike)) else ""
+        raise DataError(f"{where}: image file not found{cwd}") from None
     except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as e:
         raise DataError(f"{where}: cannot decode image ({type(e).__name__}: {e})") from None
 

@@ -30,8 +30,9 @@ weights and zero biases, SGD with momentum 0.9, weight decay 5e-4, lr 0.01 under
 policy (γ 1e-4, power 0.75; biases at twice the rate), 10,000 iterations of 64 images in all
 (``--batch`` per process = 64 / processes), a test of the 10,000 test images every 500.
 Each process reads its own share of every epoch's shuffled order (one permutation per epoch
-from ``--seed``, the same on every rank). Rank 0 prints the test accuracy; ``--csv`` writes the
-curve (iteration, test accuracy, training loss, seconds).
+from ``--seed``, the same on every rank). Rank 0 prints the test accuracy and, as Caffe's log
+does, the training loss of that iteration's step; ``--csv`` writes the curve (iteration, test
+accuracy, training loss, seconds).
 """
 import argparse
 import csv
@@ -267,14 +268,21 @@ def main(argv=None):
                           args.powersgd_start)
     opt, schedule = recipe(model, args.iterations)
     order, epoch, at = None, 0, 0
-    rows, start, loss = [], time.perf_counter(), float("nan")
+    rows, start, loss = [], time.perf_counter(), None
+
+    def report(it, acc, loss):
+        rows.append((it, acc, loss, time.perf_counter() - start))
+        if rank == 0:
+            trained = "no step yet" if loss is None else f"{loss:.4f}"      # --iterations 0
+            print(f"iteration {it}: test accuracy {acc:.4f}, loss {trained}", flush=True)
+
     for it in range(args.iterations + 1):
-        if it % args.test_interval == 0 or it == args.iterations:
-            acc = evaluate(model, tx, ty)
-            rows.append((it, acc, loss, time.perf_counter() - start))
-            if rank == 0:
-                print(f"iteration {it}: test accuracy {acc:.4f}, loss {loss:.4f}", flush=True)
+        # as Caffe's solver: the test at iteration `it` sees the weights before that step, and
+        # the loss beside it is that step's training loss (the final test's: the last step's)
+        tested = it % args.test_interval == 0 or it == args.iterations
+        acc = evaluate(model, tx, ty) if tested else None
         if it == args.iterations:
+            report(it, acc, loss)
             break
         if order is None or at + batch * size > order.numel():
             gen = torch.Generator().manual_seed(args.seed * 1000 + epoch)
@@ -287,6 +295,8 @@ def main(argv=None):
         opt.step()
         schedule.step()
         loss = out.item()
+        if tested:
+            report(it, acc, loss)
     if rank == 0:
         print(f"final test accuracy {rows[-1][1]:.4f} ({args.net}, {args.hook}, {size} processes, "
               f"{args.iterations} iterations, {rows[-1][3]:.1f} s)", flush=True)

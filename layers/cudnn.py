@@ -543,8 +543,8 @@ def _search(op, geometry, dtype, tf32, mode, plan, buffers):
     math type)`` (the exchange of a candidate that fails when run drops it: ``retryable``).
 
     ``buffers`` = (x, w, y) device arrays the "find" mode may run on; outputs are scratch
-    arrays there, so the search never clobbers accumulated gradients; its workspace is the
-    plan's one (``plan.find_workspace``), allocated once for the three operations."""
+    arrays there, so the search never clobbers accumulated gradients; its workspace is
+    ``plan.find_workspace``, one per GPU for every plan's searches."""
     h = handle()
     count = ctypes.c_int()
     call(_MAX_COUNT[op], h, ctypes.byref(count))

@@ -66,7 +66,6 @@ class _Plan:
         self.conv = {op: ConvolutionDescriptor(geometry, dtype, math)
                      for op in (FORWARD, BACKWARD_DATA, BACKWARD_FILTER)}
         self.chosen = {}
-        self._find_ws = None
 
     def candidates(self, op, buffers):
         """op's usable algorithms, best first (shared through the algorithm cache)."""
@@ -83,8 +82,6 @@ class _Plan:
         if self.chosen.get(op) != chosen:  # first use, a TF32 switch or a retry: retune
             self.conv[op].set_math(chosen[2])
             self.chosen[op] = chosen
-        if len(self.chosen) == 3:
-            self._find_ws = None            # every operation chosen: the find workspace goes
         return chosen
 
     def reject(self, op, buffers, chosen):
@@ -93,11 +90,22 @@ class _Plan:
         if chosen in candidates:
             candidates.remove(chosen)
 
-    def find_workspace(self, limit):
-        """The workspace the find mode benchmarks in: allocated once for the three operations."""
-        if self._find_ws is None or self._find_ws.size < max(limit, 1):
-            self._find_ws = backend.device_workspace(limit)
-        return self._find_ws
+    @staticmethod
+    def find_workspace(limit):
+        """The workspace the find mode benchmarks in: one per GPU, shared by every plan (the
+        searches run one at a time). A plan that kept its own until its backward had chosen
+        held one per convolution at a net's first forward (1 GiB each by default: ~59 GiB for
+        GoogLeNet)."""
+        device = backend.cuda_device_id()
+        ws = _find_workspaces.get(device)
+        if ws is None or ws.size < max(limit, 1):
+            _find_workspaces[device] = None           # the old one goes before the new comes
+            ws = _find_workspaces[device] = backend.device_workspace(limit)
+        return ws
+
+
+#: GPU -> the find mode's workspace (``_Plan.find_workspace``)
+_find_workspaces = {}
 
 
 _plans = weakref.WeakKeyDictionary()

@@ -20,10 +20,11 @@ of a class derived from both LayerError and the original one (``except RuntimeEr
 ``except CaffeError`` both catch it; see :func:`layer_error_like`).
 ``share_in_parallel`` is accepted and has no effect: every caffe8 rank is its own process.
 
-Layers written for pycaffe begin with ``import caffe`` and subclass ``caffe.Layer``. When no
-module named ``caffe`` can be found, the names in :data:`MODULE_ALIASES` (filled by the ``caffe8``
-package: ``caffe`` → ``caffe8``) are put in ``sys.modules`` just before the user's module is
-imported, so such files run unchanged; a real pycaffe installation always wins. When that
+Layers written for pycaffe begin with ``import caffe`` and subclass ``caffe.Layer``. Just
+before the user's module is imported, :data:`before_import` runs (set by the composition root:
+caffe8's ``caffe`` alias, ``caffe8.caffe_alias``, which answers ``import caffe`` with caffe8 when
+no other module of that name can be found), so such files run unchanged; a real pycaffe
+installation always wins. When that
 other ``caffe`` cannot load (BVLC's unbuilt python/ folder on sys.path: "No module named
 'caffe._caffe'"), the error says where it was found and that ``import caffe8 as caffe`` is the way.
 """
@@ -41,8 +42,9 @@ from caffe8.engine.layer import Layer, register_layer
 
 PHASES = {"TRAIN": 0, "TEST": 1}
 
-#: module name -> module offered to user layer modules when nothing else provides that name
-MODULE_ALIASES = {}
+#: called before a user's layer module is imported: what offers it the modules it imports
+#: under pycaffe's names (``import caffe``), set by the composition root
+before_import = None
 
 
 class BlobList(list):
@@ -62,15 +64,10 @@ def _prototxt_folder(layer_param):
     return os.path.dirname(os.path.abspath(where)) if where and os.path.isfile(where) else None
 
 
-def _offer_aliases():
-    for alias, module in MODULE_ALIASES.items():
-        if alias not in sys.modules and importlib.util.find_spec(alias) is None:
-            sys.modules[alias] = module
-
-
 def _import_module(name, folder):
     """Import ``name`` with ``folder`` searched after the process's own sys.path."""
-    _offer_aliases()
+    if before_import is not None:
+        before_import()
     if folder is None or folder in sys.path:
         return importlib.import_module(name)
     sys.path.append(folder)

@@ -53,9 +53,17 @@ the first measured iteration's start and the last one's end, from the timing rec
 times).
 
 Writes ``--csv`` (one row per point and round, and the medians over rounds as ``round = all``)
-and a PNG beside it (per-iteration time and exposed communication per variant); with layouts of
-one process per node on more than one node count, also ``<csv>_weak.csv`` / ``.png`` (weak
-scaling: speedup over the one-process run against the node count). ``mpi-fp32`` is the
+and a PNG beside it (per-iteration time and exposed communication per variant); with more than
+one process count, also ``<csv>_weak.csv`` / ``.png`` (weak scaling: speedup over the
+one-process run against the processes, the form of Oyama et al.'s figure 7) or, with
+``--global-batch G`` (strong scaling: P processes share a batch of G, each one's emulated compute
+its share), ``<csv>_strong.csv`` / ``.png`` (time per iteration against the processes).
+
+More processes than cores (``--dilation auto``; caffe8.cluster's time dilation): each node is
+capped at ppn/k cores, the links and the emulated compute run k times slower, and every time is
+reported divided by k, that of nodes with a core per process. ``--narrow W`` divides the
+emulated tensors' first axes by W and the link's rate by the share left, so that 16 processes fit
+in memory with the bytes per millisecond of compute unchanged. ``mpi-fp32`` is the
 reference transfer: one plain MPI_Allreduce of all the net's float32 gradients per iteration.
 """
 import argparse
@@ -79,17 +87,18 @@ LENET_INPUTS = {"data": (64, 1, 28, 28), "label": (64,)}
 REAL_COMPUTE_ENV = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
 FIELDS = ("net", "layout", "nodes", "ppn", "rate", "variant", "round", "iterations",
           "iter_ms", "exposed_ms", "baseline_ms", "comm_ms", "transfer_ms", "link_mb",
-          "link_use", "load_1min")
+          "link_use", "load_1min", "dilation", "narrow", "global_batch")
 
 
 # --- the DDP side ------------------------------------------------------------------------------
-def emulated_layers(solver_path):
+def emulated_layers(solver_path, dilation=1.0, narrow=1):
     """[(name, [tensor shapes], forward ms, backward ms)] of an emulated net (Parameter layers
-    grouped by the EmulatedCompute that follows them), and the solver's (lr, momentum,
-    weight decay)."""
+    grouped by the EmulatedCompute that follows them; times x ``dilation``, tensors narrowed by
+    ``narrow``: make_emulated_net.scale_net), and the solver's (lr, momentum, weight decay)."""
     from scripts._runs import load_train_net
-    from scripts.make_emulated_net import read_groups
+    from scripts.make_emulated_net import read_groups, scale_net
     solver, net = load_train_net(solver_path)
+    net, _ = scale_net(net, dilation, narrow)
     return read_groups(net), (float(solver.base_lr), float(solver.momentum),
                               float(solver.weight_decay))
 
@@ -175,7 +184,8 @@ def ddp_worker(args):
     torch.set_num_threads(1)                 # torchrun's default with several processes a node
     dist.init_process_group("gloo", init_method=f"tcp://{args.master}:29517", rank=rank,
                             world_size=size)
-    groups, (lr, momentum, weight_decay) = emulated_layers(args.solver)
+    groups, (lr, momentum, weight_decay) = emulated_layers(args.solver, args.time_scale,
+                                                           args.narrow)
     if _real_compute(args.solver):
         net = _torch_lenet(torch)
         x = torch.zeros(LENET_INPUTS["data"])
@@ -221,7 +231,7 @@ def mpi_worker(args):
     apply_settings()
     MPI = mpi_module()
     comm = MPI.COMM_WORLD
-    groups, _ = emulated_layers(args.solver)
+    groups, _ = emulated_layers(args.solver, 1.0, args.narrow)
     n = sum(int(numpy.prod(shape)) for _, shapes, _, _ in groups for shape in shapes)
     buf = numpy.ones(n, numpy.float32)
     walls, starts = [], []
@@ -261,14 +271,18 @@ def parse_variant(text):
                      f"{', '.join('ddp-' + v for v in DDP_HOOKS)}, mpi-fp32)")
 
 
-def run_caffe8(cluster, args, solver, run_dir, codec, asynchronous, nodes, ppn):
-    """Train on the cluster; return (per-iteration seconds, exposed comm split seconds)."""
+def run_caffe8(cluster, args, solver, run_dir, codec, asynchronous, nodes, ppn,
+               time_scale=1.0):
+    """Train on the cluster (the emulated times x ``time_scale``: the dilation, and in a strong
+    scaling sweep the per-process batch's share); return (per-iteration seconds, exposed comm
+    split seconds)."""
     from scripts import _runs
     p = nodes * ppn
     solver_copy = _runs.write_run_prototxts(solver, run_dir, _net_batch(solver), codec,
                                             asynchronous, ppn if p > 1 else 0, args.iters,
                                             comm_extra=_runs.comm_settings(args.comm_set),
-                                            transform=_inputs_for(solver))
+                                            transform=_transform(solver, time_scale,
+                                                                 args.narrow))
     logs = [os.path.join(run_dir, f"timing.r{r}.jsonl") for r in range(p)]
     for path in logs:
         if os.path.exists(path):
@@ -278,8 +292,9 @@ def run_caffe8(cluster, args, solver, run_dir, codec, asynchronous, nodes, ppn):
         argv += ([":"] if r else []) + ["-n", "1", args.python, "-m", "caffe8.cli", "train",
                                         "--solver", solver_copy, "--timing-log", logs[r]]
     # MPMD form: the argv after mpiexec's own options; cluster.run puts "-n P" first, so drop it.
-    rc = _cluster_run(cluster, argv, ppn, os.path.join(run_dir, "train.log"), args.timeout,
-                      mpmd=True, nodes=nodes, real=_real_compute(solver))
+    rc = _cluster_run(cluster, argv, ppn, os.path.join(run_dir, "train.log"),
+                      args.timeout * cluster.dilation, mpmd=True, nodes=nodes,
+                      real=_real_compute(solver))
     if rc != 0:
         raise RuntimeError(f"caffe8 run failed (rc {rc}); see {run_dir}/train.log")
     records = [rec for path in logs for rec in _runs.read_timing_log(path)]
@@ -297,15 +312,16 @@ def run_caffe8(cluster, args, solver, run_dir, codec, asynchronous, nodes, ppn):
     return [walls[i] for i in sorted(walls)], (statistics.median(comm.values()), wire), window
 
 
-def run_ddp(cluster, args, solver, run_dir, variant, nodes, ppn):
-    """A DDP run (or, for ``mpi-fp32``, the MPI_Allreduce reference): the workers' timings."""
+def run_ddp(cluster, args, solver, run_dir, variant, nodes, ppn, time_scale=1.0):
+    """A DDP run (or, for ``mpi-fp32``, the MPI_Allreduce reference): the workers' timings
+    (the emulated times x ``time_scale``, as run_caffe8's)."""
     os.makedirs(run_dir, exist_ok=True)
     log = os.path.join(run_dir, "ddp.log")
     worker = "--mpi-worker" if variant == "mpi-fp32" else "--ddp-worker"
     argv = [args.python, "-m", "scripts.cluster_bench", worker, "--variant", variant,
             "--solver", solver, "--iters", str(args.iters), "--master", cluster.address(0),
-            "--ppn", str(ppn)]
-    rc = _cluster_run(cluster, argv, ppn, log, args.timeout, nodes=nodes,
+            "--ppn", str(ppn), "--time-scale", repr(time_scale), "--narrow", str(args.narrow)]
+    rc = _cluster_run(cluster, argv, ppn, log, args.timeout * cluster.dilation, nodes=nodes,
                       real=_real_compute(solver))
     with open(log, encoding="utf-8", errors="replace") as f:
         lines = [ln for ln in f if ln.startswith("DDP-RESULT ")]
@@ -391,7 +407,9 @@ def _cluster_run(cluster, argv, ppn, log, timeout, mpmd=False, nodes=None, real=
     from caffe8.cluster import ClusterError, EmulatedCluster
     sub = cluster
     if nodes is not None and nodes != cluster.nodes:
-        sub = EmulatedCluster(nodes, cluster.rate, cluster.delay, cluster.prefix, cluster.subnet)
+        sub = EmulatedCluster(nodes, cluster.rate, cluster.delay, cluster.prefix, cluster.subnet,
+                              jitter=cluster.jitter, loss=cluster.loss,
+                              dilation=cluster.dilation, cpu_groups=cluster.cpu is not None)
     with open(log, "w", encoding="utf-8") as out:
         try:
             return sub.run(argv, ppn, timeout, env=REAL_COMPUTE_ENV if real else None,
@@ -406,12 +424,41 @@ def _real_compute(solver):
     return os.path.abspath(solver) == os.path.join(REPO, NETS["lenet"])
 
 
-def _inputs_for(solver):
-    """The train-net transform of a real-compute net (data layers → inputs), else None."""
+def _transform(solver, dilation, narrow):
+    """The train-net transform of a run: a real-compute net's data layers become inputs; an
+    emulated net's times are dilated and its tensors narrowed (make_emulated_net.scale_net)."""
     if not _real_compute(solver):
-        return None
+        from scripts.make_emulated_net import scale_net
+        return lambda net: scale_net(net, dilation, narrow)[0]
     from caffe8.engine.net_graph import swap_data_layers
     return lambda net: swap_data_layers(net, LENET_INPUTS)
+
+
+def narrowed_share(solver, narrow):
+    """The narrowed net's parameter count over the net's (1 for a real-compute net)."""
+    if _real_compute(solver) or narrow == 1:
+        return 1.0
+    from scripts._runs import load_train_net
+    from scripts.make_emulated_net import scale_net
+    return scale_net(load_train_net(solver)[1], 1.0, narrow)[1]
+
+
+def batch_share(args, solver, processes):
+    """Strong scaling (--global-batch G): the emulated times' factor for ``processes`` sharing G,
+    (G / processes) / the net's own per-process batch (compute is linear in the batch); weak
+    scaling (no --global-batch): 1."""
+    if not args.global_batch:
+        return 1.0
+    return args.global_batch / processes / _net_batch(solver)
+
+
+def layout_dilation(args, processes):
+    """The run's time dilation: --dilation, or for ``auto`` the smallest sound one for
+    ``processes`` here (caffe8.cluster.dilation_needed)."""
+    from caffe8.cluster import dilation_needed
+    if args.dilation == "auto":
+        return max(dilation_needed(processes), getattr(args, "min_dilation", 1.0))
+    return float(args.dilation)
 
 
 def _net_batch(solver):
@@ -435,7 +482,8 @@ def sweep(args):
     rows = []
     max_nodes = max(n for n, _ in layouts)
     for rate in args.rates.split(","):
-        with EmulatedCluster(max_nodes, rate, args.delay, args.prefix) as cluster:
+        with EmulatedCluster(max_nodes, rate, args.delay, args.prefix, cpu_groups=True) \
+                as cluster:
             for rnd in range(args.rounds):
                 for net in args.nets.split(","):
                     rows += _round(cluster, args, net, rate, rnd, layouts, variants)
@@ -451,41 +499,57 @@ def _label(net):
 def _round(cluster, args, net, rate, rnd, layouts, variants):
     solver = os.path.join(REPO, NETS.get(net, net))
     rows, base = [], {}
+    from caffe8.cluster import parse_rate
+    # narrowed tensors travel a link narrowed alike (make_emulated_net.scale_net)
+    link_bps = parse_rate(rate) * narrowed_share(solver, args.narrow)
+
+    def shape(processes):
+        """Reshape the cluster for a run of ``processes``: (dilation, emulated time factor)."""
+        cluster.reshape(layout_dilation(args, processes), f"{link_bps:.0f}bit")
+        return cluster.dilation, cluster.dilation * batch_share(args, solver, processes)
+
     for side in sorted({kind for _, (kind, _, _) in variants} - {"mpi"}):
         d = os.path.join(args.out, _label(net), f"base_{side}")
-        walls = (run_caffe8(cluster, args, solver, d, "fp32", False, 1, 1) if side == "caffe8"
-                 else run_ddp(cluster, args, solver, d, "ddp-fp32", 1, 1))[0]
-        base[side] = statistics.median(walls)
+        k, scale = shape(1)
+        walls = (run_caffe8(cluster, args, solver, d, "fp32", False, 1, 1, scale)
+                 if side == "caffe8" else run_ddp(cluster, args, solver, d, "ddp-fp32", 1, 1,
+                                                  scale))[0]
+        base[side] = statistics.median(walls) / k
         print(f"[{rate} round {rnd}] {net} 1 process {side}: {base[side] * 1e3:.1f} ms",
               flush=True)
     for nodes, ppn in layouts:
         for name, (kind, codec, asynchronous) in variants:
             run_dir = os.path.join(args.out, _label(net), rate, f"{nodes}x{ppn}", name)
             load = os.getloadavg()[0]
+            k, scale = shape(nodes * ppn)
             sampler = LinkSampler(cluster)
             try:
                 walls, comm, window = (
-                    run_caffe8(cluster, args, solver, run_dir, codec, asynchronous, nodes, ppn)
+                    run_caffe8(cluster, args, solver, run_dir, codec, asynchronous, nodes, ppn,
+                               scale)
                     if kind == "caffe8" else run_ddp(cluster, args, solver, run_dir, name, nodes,
-                                                     ppn))
+                                                     ppn, scale))
             except RuntimeError as e:
                 print(f"FAILED {net} {rate} {nodes}x{ppn} {name}: {e}", file=sys.stderr)
                 continue
             finally:
                 sampler.stop()
             sent = sampler.sent(window[0], window[1])
-            it = statistics.median(walls)
+            # times undilated (divided by k): those of nodes with a core per process
+            it = statistics.median(walls) / k
+            # exposed: beyond the one-process run's time (strong scaling: its P-th part)
+            ideal = base.get(kind, it) / (nodes * ppn if args.global_batch else 1)
             row = {"net": net, "layout": f"{nodes}x{ppn}", "nodes": nodes, "ppn": ppn,
                    "rate": rate, "variant": name, "round": rnd, "iterations": len(walls),
-                   "iter_ms": it * 1e3, "exposed_ms": (it - base.get(kind, it)) * 1e3,
-                   "baseline_ms": base.get(kind, 0.0) * 1e3, "comm_ms": comm[0] * 1e3,
-                   "transfer_ms": comm[1] * 1e3,
+                   "iter_ms": it * 1e3, "exposed_ms": (it - ideal) * 1e3,
+                   "baseline_ms": base.get(kind, 0.0) * 1e3, "comm_ms": comm[0] / k * 1e3,
+                   "transfer_ms": comm[1] / k * 1e3,
                    "link_mb": float("nan") if sent is None else sent / 1e6 / window[2],
-                   "load_1min": load}
+                   "load_1min": load, "dilation": k, "narrow": args.narrow,
+                   "global_batch": args.global_batch}
             # the link's use by the transfers: bytes node 0 sent per iteration over the wire time
-            # they would take at the link's rate, divided by the measured transfer time
-            from caffe8.cluster import parse_rate
-            wire_s = row["link_mb"] * 8e6 / parse_rate(rate)
+            # they would take at the link's (narrowed) rate, divided by the measured transfer time
+            wire_s = row["link_mb"] * 8e6 / link_bps
             row["link_use"] = wire_s / comm[1] if comm[1] > 0 else float("nan")
             rows.append(row)
             print(f"[{rate} round {rnd}] {net} {nodes}x{ppn} {name:14s} {it * 1e3:8.1f} ms/iter "
@@ -534,43 +598,64 @@ def plot(rows, path):
     save_figure(fig, path)
 
 
-WEAK_FIELDS = ("net", "rate", "variant", "nodes", "iter_ms", "samples_s", "speedup",
-               "efficiency")
+SCALING_FIELDS = ("net", "rate", "variant", "layout", "processes", "iter_ms", "samples_s",
+                  "speedup", "efficiency")
 
 
-def weak_scaling(rows):
-    """Weak scaling over the layouts of one process per node: the per-process batch is fixed, so
-    N nodes do N times the work; speedup = N x one-process time / iteration time (1 node: the
-    one-process run of the same side, no exchange)."""
+def scaling(rows):
+    """Weak and strong scaling points of a sweep's rows (medians over rounds), against the
+    same side's one-process run (no exchange; P = 1 rows of each variant are that run).
+
+    Weak (no --global-batch): the per-process batch B is fixed, so P processes do P times the
+    work; speedup = P x T1 / T_P (Oyama et al.'s figure 7), efficiency = T1 / T_P. Strong
+    (--global-batch G): P processes share G; speedup = T1(G) / T_P, efficiency = speedup / P."""
     out = []
     for r in summarise(rows):
-        if r["ppn"] != 1 or not r["baseline_ms"]:      # (mpi-fp32 has no one-process run)
+        if not r["baseline_ms"]:                       # (mpi-fp32 has no one-process run)
             continue
-        batch = _net_batch(os.path.join(REPO, NETS.get(r["net"], r["net"])))
+        g = int(float(r.get("global_batch") or 0))
+        batch = g or _net_batch(os.path.join(REPO, NETS.get(r["net"], r["net"])))
         base = r["baseline_ms"]
-        for nodes, it in ((1, base), (r["nodes"], r["iter_ms"])):
+        p = r["nodes"] * r["ppn"]
+        for layout, procs, it in (("1x1", 1, base), (r["layout"], p, r["iter_ms"])):
+            speedup = base / it if g else procs * base / it
             out.append({"net": r["net"], "rate": r["rate"], "variant": r["variant"],
-                        "nodes": nodes, "iter_ms": it, "samples_s": batch * nodes / it * 1e3,
-                        "speedup": nodes * base / it, "efficiency": base / it})
-    unique = {(o["net"], o["rate"], o["variant"], o["nodes"]): o for o in out}
-    return sorted(unique.values(), key=lambda o: (o["net"], o["rate"], o["variant"], o["nodes"]))
+                        "layout": layout, "processes": procs, "iter_ms": it,
+                        "samples_s": (batch if g else batch * procs) / it * 1e3,
+                        "speedup": speedup, "efficiency": speedup / procs})
+    unique = {(o["net"], o["rate"], o["variant"], o["layout"]): o for o in out}
+    return sorted(unique.values(),
+                  key=lambda o: (o["net"], o["rate"], o["variant"], o["processes"], o["layout"]))
 
 
-def plot_weak(points, path):
+def plot_scaling(points, path, strong=False):
+    """Speedup against processes, a line per variant over the layouts of one process a node
+    (the form of Oyama et al.'s figure 7), layouts of several a node as open markers; strong
+    scaling: time per iteration instead of speedup."""
     plt = pyplot()
     panels = sorted({(p["net"], p["rate"]) for p in points})
     fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4), squeeze=False)
+    key = "iter_ms" if strong else "speedup"
     for ax, (net, rate) in zip(axes[0], panels):
-        for variant in sorted({p["variant"] for p in points}):
-            pts = sorted((p for p in points if (p["net"], p["rate"], p["variant"]) ==
-                          (net, rate, variant)), key=lambda p: p["nodes"])
-            if len(pts) > 1:
-                ax.plot([p["nodes"] for p in pts], [p["speedup"] for p in pts], marker="o",
-                        linestyle="--" if "fp8" in variant else "-", label=variant)
-        top = max(p["nodes"] for p in points)
-        ax.plot([1, top], [1, top], ":", color="grey", label="ideal")
-        label_axes(ax, xlabel="nodes", ylabel="speedup vs 1 process",
-                   title=f"weak scaling, {net} @ {rate} (1 process per node)", legend_size=7)
+        for i, variant in enumerate(sorted({p["variant"] for p in points})):
+            pts = [p for p in points if (p["net"], p["rate"], p["variant"]) == (net, rate, variant)]
+            line = sorted((p for p in pts if p["layout"].endswith("x1")),
+                          key=lambda p: p["processes"])
+            color = f"C{i}"
+            if len(line) > 1:
+                ax.plot([p["processes"] for p in line], [p[key] for p in line], marker="o",
+                        color=color, linestyle="--" if "fp8" in variant else "-", label=variant)
+            for p in pts:
+                if not p["layout"].endswith("x1"):
+                    ax.plot([p["processes"]], [p[key]], marker="s", fillstyle="none",
+                            color=color, linestyle="none")
+        top = max(p["processes"] for p in points)
+        if not strong:
+            ax.plot([1, top], [1, top], ":", color="grey", label="ideal")
+        label_axes(ax, xlabel="processes (squares: 2 a node)",
+                   ylabel="ms per iteration" if strong else "speedup vs 1 process",
+                   title=f"{'strong' if strong else 'weak'} scaling, {net} @ {rate}",
+                   legend_size=7)
     save_figure(fig, path)
 
 
@@ -582,6 +667,22 @@ def main(argv=None):
     ap.add_argument("--layouts", default="2x1", help="NODESxPROCESSES,... e.g. 2x1,2x2,4x1")
     ap.add_argument("--rates", default="1gbit,10gbit", help="link rates (tc units)")
     ap.add_argument("--delay", default="", help="one-way delay per link end (netem)")
+    ap.add_argument("--dilation", default="1",
+                    help="time dilation k (caffe8.cluster): each node capped at ppn/k cores, "
+                         "links and emulated compute k times slower, times reported divided "
+                         "by k; 'auto': per layout, the smallest sound k for its processes on "
+                         "this machine's cores")
+    ap.add_argument("--min-dilation", type=float, default=1.0,
+                    help="with --dilation auto, at least this factor (a factor above 1 also "
+                         "divides the machine's scheduling delays by it)")
+    ap.add_argument("--global-batch", type=int, default=0,
+                    help="strong scaling: a fixed global batch, divided among the processes "
+                         "(emulated nets: compute scaled by each process's share of it); "
+                         "default: weak scaling, the net's per-process batch")
+    ap.add_argument("--narrow", type=int, default=1,
+                    help="emulated nets: divide every tensor's first axis by this and the link "
+                         "rate by the same share (many processes in memory; the bytes per ms "
+                         "of compute unchanged)")
     ap.add_argument("--variants", default="c8-fp32-sync,c8-fp32-async,c8-fp8-async,ddp-fp32,"
                                           "ddp-fp16")
     ap.add_argument("--iters", type=int, default=12, help="iterations per run")
@@ -601,6 +702,7 @@ def main(argv=None):
     ap.add_argument("--solver", help=argparse.SUPPRESS)
     ap.add_argument("--master", help=argparse.SUPPRESS)
     ap.add_argument("--ppn", type=int, default=1, help=argparse.SUPPRESS)
+    ap.add_argument("--time-scale", type=float, default=1.0, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.ddp_worker:
         return ddp_worker(args)
@@ -608,6 +710,17 @@ def main(argv=None):
         return mpi_worker(args)
     if args.iters <= args.skip:
         ap.error("--iters must exceed --skip")
+    if args.dilation != "auto":
+        try:
+            if not 1 <= float(args.dilation) <= 1000:
+                raise ValueError
+        except ValueError:
+            ap.error(f"--dilation {args.dilation!r}: expected 'auto' or a factor from 1 to 1000")
+    if args.narrow < 1:
+        ap.error("--narrow must be >= 1")
+    if args.global_batch < 0 or (args.global_batch and "lenet" in args.nets.split(",")):
+        ap.error("--global-batch: a positive batch, for the emulated nets only (LeNet's real "
+                 "compute keeps its batch)")
     from caffe8.cluster import ClusterError, available
     ok, why = available()
     if not ok:
@@ -621,12 +734,13 @@ def main(argv=None):
         return 1
     png = os.path.splitext(args.csv)[0] + ".png"
     plot(rows, png)
-    weak = weak_scaling(rows)
-    if len({p["nodes"] for p in weak}) > 2:
+    points = scaling(rows)
+    if len({p["processes"] for p in points}) > 2:
         from scripts import _runs
-        stem = os.path.splitext(args.csv)[0] + "_weak"
-        _runs.write_rows(weak, WEAK_FIELDS, stem + ".csv")
-        plot_weak(weak, stem + ".png")
+        kind = "strong" if args.global_batch else "weak"
+        stem = os.path.splitext(args.csv)[0] + "_" + kind
+        _runs.write_rows(points, SCALING_FIELDS, stem + ".csv")
+        plot_scaling(points, stem + ".png", strong=bool(args.global_batch))
         print(f"wrote {stem}.csv and {stem}.png")
     for r in summarise(rows):
         print(f"{r['net']} {r['layout']} {r['rate']:7s} {r['variant']:14s} "

@@ -20,23 +20,34 @@ scipy-openblas32). One command does the whole check (``--budget``, 540 s, keeps 
 
 With a CUDA GPU (CuPy working) it runs, each step under its own time limit:
 
-1. the ``gpu``-marked tests (``pytest -m gpu``, on 8 workers where pytest-xdist is installed):
-   passed / failed / skipped counts;
+1. the ``gpu``-marked tests and the ``device``-marked ones (which run on the stand-in device
+   without a GPU, here on the GPU; ``pytest -m "gpu or device"``, on 8 workers where
+   pytest-xdist is installed): passed / failed / skipped counts;
 2. ``scripts/peer_bench.py --gpu`` (CaffeNet b256, GoogLeNet b128, the GRU benchmark against
    ``nn.GRU``) with TF32 off, then on (``CAFFE8_TF32``; the PyTorch side follows the same
    setting): each net's caffe8 / PyTorch time ratio;
-3. a 2-process GPU exchange on the GRU benchmark (``solver_benchmark.prototxt``'s net), fp8 and
-   fp32, each once synchronous and once asynchronous, and one process of the same net with no
-   exchange, each with a timing log: the per-layer D2H and H2D seconds the exchange measured
-   with CUDA events, and per codec the overlap (T_sync - T_async) / (T_sync - T_none)
-   (``engine.timing.overlap``; T: medians over the iterations after the first two of the slower
-   rank's wall); and the synchronous fp8 run again with its buffers staged through host memory
-   (``CAFFE8_IPC=0``): the device stage's iteration time against host staging (comm/ipc.py);
+3. the exchange on the GRU benchmark (``solver_benchmark.prototxt``'s net), two processes on
+   the GPU in every run (:data:`EXCHANGE_RUNS`): fp8 and fp32, each once synchronous and once
+   asynchronous (their buckets in the CUDA-IPC arena: no copies), the synchronous fp8 run with
+   its buffers staged through host memory (``CAFFE8_IPC=0``), and two processes training at
+   once with no exchange; each with timing logs. Per codec the overlap
+   (T_sync - T_async) / (T_sync - T_none) (``engine.timing.overlap``; T: the median over the
+   iterations after the first two of the slower process's wall), with the three times; the
+   per-layer D2H and H2D milliseconds of the run that copies; and the synchronous fp8
+   exchange's own time per iteration (its phases, not the iteration) on the GPUs against
+   staged through host memory (comm/ipc.py);
 4. ``prototxt/gru/solver_benchmark.prototxt`` on one process for a few iterations: it trains
    (a finite loss at the end);
 
-then prints one summary table. Without a GPU it prints one line saying so and exits 0. The
+then prints one summary table: each step's status, its seconds against its limit, and its
+figures, each saying what it is. Without a GPU it prints one line saying so and exits 0. The
 exit status is 1 when a step failed, else 0.
+
+Time: every step runs under a limit of at least 1.5 times what it is expected to take on an
+H200 (:data:`STEPS`), and the default steps' limits add up to at most the 540 s budget, so the
+check ends within 9 minutes with each step's margin its own. The expected times are estimates
+from what each step runs (the 2026-11-27 run did not log its steps' times): the table prints
+the measured seconds beside each limit, to set them from the next device run.
 
 One more step runs only when named (``--only 'tf32 layers'``, about 2 minutes): GoogLeNet b128's
 per-layer profile (``peer_bench --gpu --profile --layers``) with TF32 off, on, and on with
@@ -52,15 +63,21 @@ import statistics
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if __package__ in (None, ""):          # run as a file: the repository root is not on the path
     sys.path.insert(0, REPO)
 
 SOLVER = os.path.join(REPO, "prototxt", "gru", "solver_benchmark.prototxt")
-#: seconds each step may take at most (the whole check stays under --budget)
-LIMITS = {"gpu tests": 160, "peer_bench tf32 off": 110, "peer_bench tf32 on": 110,
-          "2-process exchange": 115, "solver_benchmark": 45, "tf32 layers": 150}
+BUDGET = 540.0              # seconds of the whole check: 9 minutes of a 10-minute device call
+MARGIN = 1.5                # each step's limit against the time it is expected to take
+#: step -> (seconds it is expected to take on an H200, seconds it may take at most): estimates
+#: from what each step runs (module docstring, "Time")
+STEPS = {"gpu tests": (110, 165), "peer_bench tf32 off": (55, 85),
+         "peer_bench tf32 on": (55, 85), "2-process exchange": (100, 150),
+         "solver_benchmark": (20, 30), "tf32 layers": (100, 150)}
+LIMITS = {name: limit for name, (_, limit) in STEPS.items()}
 #: steps that run only when --only names them
 OPTIONAL = {"tf32 layers"}
 #: runs of the TF32 study: name -> environment
@@ -77,23 +94,31 @@ def gpu_absent_reason():
 
 
 def run_step(cmd, limit, log_path, env=None):
-    """Run ``cmd`` (output to ``log_path``) for at most ``limit`` seconds, killing its process
-    group past it. Returns (status: "ok" | "failed (rc N)" | "timed out", seconds, output)."""
+    """Run ``cmd`` (an argv, or a list of argvs started together) with its output to
+    ``log_path`` for at most ``limit`` seconds, killing the process groups past it. Returns
+    (status: "ok" | "failed (rc N)" | "timed out", seconds, output)."""
+    cmds = cmd if cmd and isinstance(cmd[0], (list, tuple)) else [cmd]
     full_env = dict(os.environ, **(env or {}))
     full_env["PYTHONPATH"] = REPO + os.pathsep + full_env.get("PYTHONPATH", "")
     t0 = time.monotonic()
     with open(log_path, "w", encoding="utf-8") as out:
-        proc = subprocess.Popen(cmd, cwd=REPO, stdout=out, stderr=subprocess.STDOUT,
-                                env=full_env, start_new_session=True)
-        try:
-            rc = proc.wait(timeout=limit)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, 9)
-            proc.wait()
-            rc = None
+        procs = [subprocess.Popen(c, cwd=REPO, stdout=out, stderr=subprocess.STDOUT,
+                                  env=full_env, start_new_session=True) for c in cmds]
+        rcs = []
+        for proc in procs:
+            try:
+                rcs.append(proc.wait(timeout=max(t0 + limit - time.monotonic(), 0.01)))
+            except subprocess.TimeoutExpired:
+                rcs.append(None)
+        if None in rcs:
+            for proc in procs:
+                if proc.poll() is None:
+                    os.killpg(proc.pid, 9)
+                    proc.wait()
     with open(log_path, encoding="utf-8", errors="replace") as f:
         text = f.read()
-    status = "ok" if rc == 0 else "timed out" if rc is None else f"failed (rc {rc})"
+    failed = [rc for rc in rcs if rc]
+    status = "timed out" if None in rcs else f"failed (rc {failed[0]})" if failed else "ok"
     return status, time.monotonic() - t0, text
 
 
@@ -106,41 +131,79 @@ def pytest_counts(text):
 
 
 def peer_ratios(csv_path):
-    """'caffenet 0.93 (262 cuDNN calls/it), gru 0.87': caffe8 / PyTorch per net from peer_bench,
-    with caffe8's cuDNN calls per iteration where the CSV has them."""
+    """'caffenet 42.9/40.2 ms = 1.07 (262 cuDNN calls/it), ...': per net from peer_bench, the
+    forward+backward ms of caffe8 and PyTorch and their ratio (below 1: caffe8 faster), with
+    caffe8's cuDNN calls per iteration where the CSV has them."""
     import csv
     if not os.path.exists(csv_path):
         return "no CSV"
     with open(csv_path, newline="") as f:
-        rows = [r for r in csv.DictReader(f) if r["side"] == "caffe8"]
+        rows = list(csv.DictReader(f))
+    peer = {r["net"]: float(r["total_ms"]) for r in rows if r["side"] == "pytorch"}
 
     def calls(r):
         return f" ({float(r['cudnn_calls']):.0f} cuDNN calls/it)" if r.get("cudnn_calls") else ""
-    return ", ".join(f"{r['net']} {float(r['ratio']):.2f}{calls(r)}" for r in rows) or "no rows"
+
+    def line(r):
+        ms = f" {float(r['total_ms']):.1f}/{peer[r['net']]:.1f} ms =" if r["net"] in peer else ""
+        return f"{r['net']}{ms} {float(r['ratio']):.2f}{calls(r)}"
+    text = ", ".join(line(r) for r in rows if r["side"] == "caffe8")
+    return f"caffe8/PyTorch per iteration: {text}" if text else "no rows"
 
 
-def exchange_figures(sync_logs, async_logs, none_logs, skip=2):
-    """(per-layer D2H and H2D text, overlap) from the three runs' timing logs (synchronous,
-    asynchronous, no exchange): T is the median over iterations >= ``skip`` of the slowest
-    rank's wall, the overlap ``engine.timing.overlap`` of the three (NaN when the synchronous
-    run is not slower than the one without an exchange), and each layer's median D2H/H2D of the
-    synchronous run."""
-    from caffe8.engine.timing import overlap as overlap_of
-    sync = _records(sync_logs, skip)
+def overlap_figure(sync_logs, async_logs, none_logs, skip=2):
+    """The overlap (T_sync - T_async) / (T_sync - T_none) (``engine.timing.overlap``; NaN when
+    the synchronous run is not slower than the one without an exchange) with the three times
+    in ms, T the median over iterations >= ``skip`` of the slower process's wall."""
+    from caffe8.engine.timing import overlap
+    t_sync, t_async, t_none = (_wall(_records(logs, skip))
+                               for logs in (sync_logs, async_logs, none_logs))
+    try:
+        value = overlap(t_sync, t_async, t_none)
+    except ValueError:
+        value = float("nan")
+    return (f"overlap {value:.2f} = (T_sync {t_sync * 1e3:.1f} - T_async {t_async * 1e3:.1f}) / "
+            f"(T_sync {t_sync * 1e3:.1f} - T_none {t_none * 1e3:.1f}) ms, the share of the "
+            f"exchange's cost hidden behind backward")
+
+
+def copy_figure(logs, skip=2):
+    """Each layer's median D2H/H2D ms over iterations >= ``skip`` (of every process) in the
+    logs of a run whose buckets are copied (staged through host memory)."""
     layers = {}
-    for r in sync:
+    for r in _records(logs, skip):
         for rec in r["layers"]:
             if rec["d2h"] or rec["h2d"]:
                 layers.setdefault(rec["name"], []).append((rec["d2h"], rec["h2d"]))
-    per_layer = "; ".join(
+    return "; ".join(
         f"{name} {statistics.median(d for d, _ in v) * 1e3:.3f}/"
-        f"{statistics.median(h for _, h in v) * 1e3:.3f} ms" for name, v in layers.items())
-    try:
-        overlap = overlap_of(_wall(sync), _wall(_records(async_logs, skip)),
-                             _wall(_records(none_logs, skip)))
-    except ValueError:
-        overlap = float("nan")
-    return per_layer or "no D2H/H2D recorded", overlap
+        f"{statistics.median(h for _, h in v) * 1e3:.3f} ms" for name, v in layers.items()) \
+        or "no D2H/H2D recorded"
+
+
+def exchange_seconds(record):
+    """The exchange's own time in one timing record, not the iteration's wall: from the first
+    start to the last end of its buckets' phases (encode, copies, reduction, decode; a
+    synchronous exchange runs them after backward). Summing the phases would count the
+    device's copies and the host's wait for them twice."""
+    from caffe8.engine.timing import BUCKET_PHASES
+    spans = [b[ph] for b in record["buckets"] for ph in BUCKET_PHASES if ph in b]
+    return max(end for _, end in spans) - min(start for start, _ in spans) if spans else 0.0
+
+
+def staging_figure(device_logs, host_logs, skip=2):
+    """The synchronous exchange's own time per iteration with its buckets in the device arena
+    against staged through host memory: medians over iterations >= ``skip`` of the slower
+    process's :func:`exchange_seconds`."""
+    def per_iteration(logs):
+        slowest = {}
+        for r in _records(logs, skip):
+            slowest[r["iteration"]] = max(slowest.get(r["iteration"], 0.0), exchange_seconds(r))
+        return statistics.median(slowest.values())
+    device, host = per_iteration(device_logs), per_iteration(host_logs)
+    return (f"fp8 sync exchange {device * 1e3:.1f} ms per iteration on the GPUs (CUDA IPC) vs "
+            f"{host * 1e3:.1f} ms staged through host memory ({device / host:.2f}x: the "
+            f"exchange's own time, not whole iterations)")
 
 
 def _records(paths, skip):
@@ -150,18 +213,11 @@ def _records(paths, skip):
 
 
 def _wall(recs):
-    """The median over iterations of the slowest rank's wall."""
+    """The median over iterations of the slowest process's wall."""
     per_iter = {}
     for r in recs:
         per_iter[r["iteration"]] = max(per_iter.get(r["iteration"], 0.0), r["wall"])
     return statistics.median(per_iter.values())
-
-
-def staging_figure(device_logs, host_logs, skip=2):
-    """The device stage's iteration time against host staging's (the same synchronous run)."""
-    device, host = (_wall(_records(logs, skip)) for logs in (device_logs, host_logs))
-    return (f"fp8 sync, intra-node stage on the GPUs {device * 1e3:.1f} ms vs staged through "
-            f"host memory {host * 1e3:.1f} ms ({device / host:.2f}x)")
 
 
 _PROFILE_LINE = re.compile(r"^  (\S+)\s+(\S+)\s+(-?[\d.]+)\s+(-?[\d.]+)(?:\s+(\S.*))?$")
@@ -217,36 +273,70 @@ def _batch():
     return _runs.net_batch_size(_runs.load_train_net(SOLVER)[1])
 
 
-EXCHANGE_RUNS = (("none", "fp32", False, 1, None), ("fp8_sync", "fp8", False, 2, None),
-                 ("fp8_async", "fp8", True, 2, None), ("fp32_sync", "fp32", False, 2, None),
-                 ("fp32_async", "fp32", True, 2, None),
-                 ("fp8_sync_host", "fp8", False, 2, {"CAFFE8_IPC": "0"}))
+@dataclass(frozen=True)
+class Run:
+    """One run of the exchange step: ``processes`` processes training the GRU benchmark on the
+    GPU, as one job that exchanges with ``codec`` (``asynchronous`` or not), or each alone
+    (``exchange`` False: T_none, with as many processes on the GPU as the runs it is compared
+    with); ``env`` on top of the environment."""
+    name: str
+    codec: str
+    asynchronous: bool
+    processes: int = 2
+    exchange: bool = True
+    env: tuple = ()
+
+    @property
+    def copies(self):
+        """True when its buckets are staged through host memory (D2H and H2D copies); a job of
+        one node's processes otherwise sums them in the CUDA-IPC arena, with no copy."""
+        return self.exchange and dict(self.env).get("CAFFE8_IPC") == "0"
+
+
+EXCHANGE_RUNS = (Run("none", "fp32", False, exchange=False), Run("fp8_sync", "fp8", False),
+                 Run("fp8_async", "fp8", True), Run("fp32_sync", "fp32", False),
+                 Run("fp32_async", "fp32", True),
+                 Run("fp8_sync_host", "fp8", False, env=(("CAFFE8_IPC", "0"),)))
+#: codec -> its (synchronous, asynchronous, no exchange) runs: the overlap's three times
+OVERLAP_RUNS = {"fp8": ("fp8_sync", "fp8_async", "none"),
+                "fp32": ("fp32_sync", "fp32_async", "none")}
+COPY_RUN = "fp8_sync_host"                          # the D2H/H2D figure's run
+STAGING_RUNS = ("fp8_sync", "fp8_sync_host")        # device arena vs host staging
+EXCHANGE_ITERS = 8                                  # per run: 2 to warm up, 6 timed
+
+
+def run_commands(run, solver, logs):
+    """The commands of ``run``: one job of its processes, or each process alone."""
+    from scripts import _runs
+    mpiexec = _runs._default_mpiexec()
+    if run.exchange:
+        return _runs.train_command(run.processes, solver, logs, sys.executable, mpiexec)
+    return [_runs.train_command(1, solver, [log], sys.executable, mpiexec) for log in logs]
 
 
 def exchange_step(out, limit):
-    """Step 3: one process with no exchange, then the synchronous and the asynchronous
-    2-process runs of fp8 and fp32, with timing logs."""
+    """Step 3: the runs of :data:`EXCHANGE_RUNS`, each under an equal share of what is left,
+    then their figures."""
     from scripts import _runs
-    logs, status, seconds = {}, "ok", 0.0
-    for k, (name, codec, asynchronous, processes, env) in enumerate(EXCHANGE_RUNS):
-        run_dir = os.path.join(out, f"exchange_{name}")
-        solver = _runs.write_run_prototxts(SOLVER, run_dir, _batch(), codec, asynchronous, 0, 12)
-        logs[name] = [os.path.join(run_dir, f"timing.r{r}.jsonl") for r in range(processes)]
-        cmd = _runs.train_command(processes, solver, logs[name], sys.executable,
-                                  _runs._default_mpiexec())
+    logs, seconds = {}, 0.0
+    for k, run in enumerate(EXCHANGE_RUNS):
+        run_dir = os.path.join(out, f"exchange_{run.name}")
+        solver = _runs.write_run_prototxts(SOLVER, run_dir, _batch(), run.codec,
+                                           run.asynchronous, 0, EXCHANGE_ITERS)
+        logs[run.name] = [os.path.join(run_dir, f"timing.r{r}.jsonl")
+                          for r in range(run.processes)]
         left = (limit - seconds) / (len(EXCHANGE_RUNS) - k)
-        status, t, _ = run_step(cmd, max(left, 10), os.path.join(run_dir, "train.log"), env)
+        status, t, _ = run_step(run_commands(run, solver, logs[run.name]), max(left, 10),
+                                os.path.join(run_dir, "train.log"), dict(run.env))
         seconds += t
         if status != "ok":
-            return status, seconds, f"{name} run: see {run_dir}/train.log"
-    figures = []
-    for codec in ("fp8", "fp32"):
-        per_layer, overlap = exchange_figures(logs[f"{codec}_sync"], logs[f"{codec}_async"],
-                                              logs["none"])
-        figures.append(f"{codec}: overlap (T_sync - T_async)/(T_sync - T_none) {overlap:.2f}; "
-                       f"D2H/H2D {per_layer}")
-    figures.append(staging_figure(logs["fp8_sync"], logs["fp8_sync_host"]))
-    return status, seconds, "; ".join(figures)
+            return status, seconds, f"{run.name} run: see {run_dir}/train.log"
+    figures = [f"{codec}: " + overlap_figure(*(logs[name] for name in names))
+               for codec, names in OVERLAP_RUNS.items()]
+    figures.append(f"D2H/H2D per layer of the {COPY_RUN} run (staged through host memory): "
+                   + copy_figure(logs[COPY_RUN]))
+    figures.append(staging_figure(*(logs[name] for name in STAGING_RUNS)))
+    return "ok", seconds, "; ".join(figures)
 
 
 def solver_step(out, limit):
@@ -259,14 +349,14 @@ def solver_step(out, limit):
     losses = re.findall(r"loss = ([-+0-9.eE]+|nan|inf)", text)
     if status == "ok" and (not losses or losses[-1] in ("nan", "inf")):
         status = "failed (no finite loss)"
-    return status, seconds, f"last loss {losses[-1] if losses else 'none'}"
+    return status, seconds, f"loss after 10 iterations {losses[-1] if losses else 'none'}"
 
 
 def steps(args):
     """(name, function of the remaining budget -> (status, seconds, result)) of every step."""
     py = sys.executable
-    tests = [py, "-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider", "-rfE",
-             "--tb=short", "tests"]
+    tests = [py, "-m", "pytest", "-q", "-m", "gpu or device", "-p", "no:cacheprovider",
+             "-rfE", "--tb=short", "tests"]
     if importlib.util.find_spec("xdist") is not None:   # CuPy's first compiles run in parallel
         tests[3:3] = ["-n", str(min(8, os.cpu_count() or 1))]
 
@@ -294,7 +384,7 @@ def steps(args):
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", default=os.path.join(REPO, "runs", "gpu_check"))
-    p.add_argument("--budget", type=float, default=540.0, help="seconds for the whole check")
+    p.add_argument("--budget", type=float, default=BUDGET, help="seconds for the whole check")
     p.add_argument("--only", default="", help="comma-separated steps to run (default: all but "
                    "the optional " + ", ".join(f"'{n}'" for n in sorted(OPTIONAL)) + "): "
                    + ", ".join(f"'{name}'" for name in LIMITS))
@@ -315,16 +405,17 @@ def main(argv=None):
         left = args.budget - (time.monotonic() - start)
         limit = min(LIMITS[name], left)
         if limit < 10:
-            table.append((name, "skipped (budget spent)", 0.0, ""))
+            table.append((name, "skipped (budget spent)", 0.0, limit, ""))
             continue
         print(f"gpu_check: {name} (at most {limit:.0f} s) ...", flush=True)
         try:
-            table.append((name,) + tuple(step(limit)))
+            status, seconds, result = step(limit)
+            table.append((name, status, seconds, limit, result))
         except Exception as e:        # a step's own error is its row, the others still run
-            table.append((name, f"error: {type(e).__name__}: {e}", 0.0, ""))
-    print(f"\n{'step':22s} {'status':24s} {'seconds':>8s}  result")
-    for name, status, seconds, result in table:
-        print(f"{name:22s} {status:24s} {seconds:8.1f}  {result}")
+            table.append((name, f"error: {type(e).__name__}: {e}", 0.0, limit, ""))
+    print(f"\n{'step':22s} {'status':24s} {'seconds':>8s} {'limit':>6s}  result")
+    for name, status, seconds, limit, result in table:
+        print(f"{name:22s} {status:24s} {seconds:8.1f} {limit:6.0f}  {result}")
     print(f"total {time.monotonic() - start:.0f} s of a {args.budget:.0f} s budget; "
           f"logs in {args.out}")
     return 0 if all(row[1] == "ok" for row in table) else 1

@@ -244,6 +244,35 @@ def read_groups(net):
     return groups
 
 
+def scale_net(net, dilation=1.0, narrow=1):
+    """A copy of a parsed emulated NetParameter for a dilated, narrowed run: every
+    EmulatedCompute time multiplied by ``dilation`` (caffe8.cluster's time dilation) and every
+    Parameter tensor's first axis divided by ``narrow`` (rounded, at least 1), so that many
+    processes fit in memory; returns (net, the narrowed parameter count / the original). A run
+    that narrows divides its link rate by the same ratio, which keeps the bytes sent per
+    millisecond of compute, the figure that decides the exchange's cost, as they were."""
+    out = net.copy()
+    before = after = 0
+    for layer in out.layer:
+        if layer.type == "Parameter":
+            dims = layer.parameter_param.shape.dim
+            n = 1
+            for d in dims:
+                n *= int(d)
+            before += n
+            if narrow > 1 and len(dims):
+                dims[0] = max(1, int(round(int(dims[0]) / narrow)))
+            m = 1
+            for d in dims:
+                m *= int(d)
+            after += m
+        elif layer.type == "EmulatedCompute" and dilation != 1:
+            e = layer.emulate_param
+            e.forward_ms = float(e.forward_ms) * dilation
+            e.backward_ms = float(e.backward_ms) * dilation
+    return out, (after / before if before else 1.0)
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--net", choices=NETS, default="caffenet")

@@ -37,7 +37,7 @@ def _source_copy(dest):
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory):
     """(path of the built wheel, its file names, its .dist-info texts)."""
-    if not os.path.isdir(os.path.join(REPO, ".git")):
+    if not os.path.exists(os.path.join(REPO, ".git")):   # a folder, or a worktree's file
         pytest.skip("not a git checkout")
     tmp = tmp_path_factory.mktemp("wheel")
     src = tmp / "src"
@@ -49,7 +49,7 @@ def wheel(tmp_path_factory):
     (whl,) = [f for f in os.listdir(tmp / "dist") if f.endswith(".whl")]
     with zipfile.ZipFile(tmp / "dist" / whl) as z:
         meta = {n.split("/")[-1]: z.read(n).decode() for n in z.namelist()
-                if ".dist-info/" in n and n.endswith((".txt", "RECORD"))}
+                if ".dist-info/" in n and n.endswith((".txt", "RECORD", "METADATA", "LICENSE"))}
         return str(tmp / "dist" / whl), z.namelist(), meta
 
 
@@ -64,6 +64,20 @@ def test_the_only_top_level_package_is_caffe8(wheel):
     installed = {line.split(",")[0].split("/")[0] for line in meta["RECORD"].splitlines() if line}
     assert installed - dist_info == {"caffe8"}, sorted(installed)
     assert meta["top_level.txt"].split() == ["caffe8"]
+
+
+def test_the_wheel_says_its_version_and_carries_the_licence(wheel):
+    """setup.cfg's version is caffe8.__version__ (one place), and the BSD-2-Clause LICENSE,
+    with BVLC Caffe's notice for its caffe.proto, travels in the wheel."""
+    import caffe8
+    _, _, meta = wheel
+    assert f"\nVersion: {caffe8.__version__}\n" in meta["METADATA"]
+    assert "License: BSD-2-Clause" in meta["METADATA"] or \
+        "License-Expression: BSD-2-Clause" in meta["METADATA"], meta["METADATA"][:2000]
+    with open(os.path.join(REPO, "LICENSE")) as f:
+        assert meta["LICENSE"] == f.read()
+    assert "BSD 2-Clause" in meta["LICENSE"] and "The Regents of the University of California" \
+        in meta["LICENSE"]
 
 
 def test_the_wheel_carries_the_built_kernels_and_their_sources(wheel):

@@ -132,7 +132,7 @@ def test_every_readme_command_and_the_python_example_run(tmp_path):
         outputs[line] = r.stdout
     assert (tmp_path / "runs" / "digits" / "digits.caffemodel.h5").exists()
     version = next(out for line, out in outputs.items() if "--version" in line)
-    assert version.strip() == f"caffe8 {_setup_cfg_version()}"
+    assert version.strip() == f"caffe8 {_version()}"
     resume = next(out for line, out in outputs.items() if "-snapshot" in line)
     assert re.search(r"Iteration 1200, loss", resume), resume[-2000:]   # it trained on
     for prefix in ("finetune_iter_100", "resumed_iter_1200"):
@@ -147,18 +147,21 @@ def test_every_readme_command_and_the_python_example_run(tmp_path):
     assert accuracy > 0.8, r.stdout
 
 
-def _setup_cfg_version():
+def _version():
+    """The package's release (setup.cfg reads caffe8.__version__), with this clone's commit."""
     import configparser
     cfg = configparser.ConfigParser()
     cfg.read(os.path.join(REPO, "setup.cfg"))
-    return cfg["metadata"]["version"]
+    assert cfg["metadata"]["version"] == "attr: caffe8.__version__"
+    from caffe8.version import describe
+    return describe(REPO)
 
 
 def test_version_is_the_packages():
     r = subprocess.run([sys.executable, "-m", "caffe8.cli", "--version"], stdout=subprocess.PIPE,
                        stderr=subprocess.STDOUT, text=True, timeout=120,
                        env=dict(os.environ, PYTHONPATH=REPO))
-    assert r.returncode == 0 and r.stdout.strip() == f"caffe8 {_setup_cfg_version()}"
+    assert r.returncode == 0 and r.stdout.strip() == f"caffe8 {_version()}"
 
 
 @pytest.mark.mpi
@@ -207,9 +210,9 @@ def _extras():
 
 def test_the_gpu_install_lines_name_extras_of_wheels_for_each_cuda_major():
     """Each pip line asks for setup.cfg extras; the CUDA ones pull CuPy's wheel for that CUDA
-    major (cupy-cudaNNx with its CUDA libraries) and cuDNN's (nvidia-cudnn-cuNN), never the
-    `cupy` source package. Whether pip resolves them to wheels needs the package index:
-    `pip install --dry-run --only-binary :all: '.[cuda13]'` (run by hand)."""
+    major (cupy-cudaNNx), the CUDA libraries caffe8 loads (cuda-toolkit's wheels) and cuDNN's
+    (nvidia-cudnn-cuNN), never the `cupy` source package. Whether pip resolves them to wheels
+    needs the package index: `pip install --dry-run --report R.json '.[cuda13]'` (by hand)."""
     from caffe8.device import GPU_EXTRAS
     extras = _extras()
     pips = [l for l in _gpu_lines() if " install " in l]
@@ -226,8 +229,9 @@ def test_the_gpu_install_lines_name_extras_of_wheels_for_each_cuda_major():
     for extra, driver in GPU_EXTRAS:
         major = extra[len("cuda"):]
         reqs = [re.split(r"[<>=\[;\s]", r, 1)[0] for r in extras[extra]]
-        assert reqs == [f"cupy-cuda{major}x", f"nvidia-cudnn-cu{major}"], extras[extra]
-        assert "[ctk]" in extras[extra][0]  # CuPy's CUDA libraries as wheels, no toolkit
+        assert reqs == [f"cupy-cuda{major}x", "cuda-toolkit", f"nvidia-cudnn-cu{major}"], reqs
+        # the CUDA libraries as wheels, no toolkit: those caffe8 loads (tests/caffe8/test_device)
+        assert extras[extra][1] == f"cuda-toolkit[cublas,cudart,nvrtc]=={major}.*"
         line = next(l for l in pips if f"{extra}]" in l)
         assert f"driver {driver}" in line and f"CUDA {major}" in line
 

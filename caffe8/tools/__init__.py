@@ -15,13 +15,13 @@ what tools share.
 import importlib
 
 #: the headings of ``caffe8 --help``, in order
-GROUPS = ("training", "data", "models", "cluster")
+GROUPS = ("training", "data", "models", "python", "cluster")
 
 #: module names under caffe8.tools, in the order ``caffe8 --help`` lists them (within a group)
 TOOLS = ("train", "test", "time", "device_query", "plot_training_log",
          "convert_imageset", "convert_mnist_data", "compute_image_mean", "extract_features",
          "inspect", "convert", "upgrade_net_proto_text", "upgrade_net_proto_binary",
-         "upgrade_solver_proto_text", "draw_net",
+         "upgrade_solver_proto_text", "draw_net", "pycaffe",
          "cluster", "bench", "perf_model")
 
 

@@ -11,11 +11,28 @@ def logger():
     return GLog()
 
 
+def watched_terminal(stream):
+    """Whether a person watches ``stream``: a terminal, and not one of a Jupyter kernel's
+    children. IPython runs a notebook's ``!command`` in a pseudo-terminal, so ``isatty`` is
+    true there, yet the output goes into the cell, where every redraw of a bar stays (hundreds
+    of lines, megabytes of notebook); jupyter_client sets ``JPY_PARENT_PID`` in a kernel's
+    environment (its launcher, for the kernel to watch its parent), which the kernel's children
+    inherit, while a terminal of Jupyter's own (started by the server, not by a kernel) has
+    none."""
+    try:
+        tty = stream.isatty()
+    except (AttributeError, ValueError):   # no stream, or a closed one
+        return False
+    return tty and "JPY_PARENT_PID" not in os.environ
+
+
 def progress(iterable, total=None, desc=None):
-    """A tqdm progress bar on a terminal; nothing when stderr is not one (logs, tests)."""
+    """A tqdm progress bar on stderr where a person watches it (``watched_terminal``);
+    nothing elsewhere (logs, tests, notebook cells)."""
+    import sys
     from tqdm import tqdm
-    return tqdm(iterable, total=total, desc=desc, unit=" records", disable=None, leave=False,
-                dynamic_ncols=True)
+    return tqdm(iterable, total=total, desc=desc, unit=" records",
+                disable=not watched_terminal(sys.stderr), leave=False, dynamic_ncols=True)
 
 
 def require_file(path, what):

@@ -3,7 +3,7 @@ root): N nodes as network namespaces on a switch whose links ``tc`` shapes to ``
 ``--delay``, ``--jitter``, ``--loss``), the venv's mpiexec (MPICH, Open MPI or Intel MPI) over
 TCP between them (``caffe8.cluster``; docs/MPI.md, "Across nodes")::
 
-    caffe8 cluster up --nodes 2 --rate 1gbit [--delay 1ms --jitter 0.5ms] [--loss 0.1%]
+    caffe8 cluster up --nodes 2 --rate 1gbit [--delay 1ms --jitter 0.5ms] [--loss 0.1%] [--dilation 4]
     caffe8 cluster run --ppn 1 -- caffe8 train -solver S
     caffe8 cluster counters
     caffe8 cluster link --node 1 down      # pull node 1's cable (and 'up' to plug it back)
@@ -47,6 +47,11 @@ def parser():
                        "uniformly (netem; needs --delay: --delay 1ms --jitter 0.5ms)")
     shape.add_argument("--loss", default="", help="percent of the packets each link end drops "
                        "at random (0.1%%; no netem needed)")
+    shape.add_argument("--dilation", type=float, default=1.0,
+                       help="time dilation k: each node capped at ppn/k CPU cores, links k "
+                            "times slower (rate / k, delay x k); a job that also slows its "
+                            "emulated compute k times and divides its times by k sees nodes "
+                            "of a core per process (default 1: off)")
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--prefix", default=DEFAULT_PREFIX, help="names of the namespaces")
     sub.add_parser("up", parents=[shape, common], help="create the cluster")
@@ -98,7 +103,8 @@ def _dispatch(args, ap):
     shape = {}
     if args.verb in ("up", "run"):
         shape = dict(nodes=args.nodes or 2, rate=args.rate or "10gbit", delay=args.delay,
-                     jitter=args.jitter, loss=args.loss, prefix=args.prefix)
+                     jitter=args.jitter, loss=args.loss, prefix=args.prefix,
+                     dilation=args.dilation)
     if args.verb == "up":
         c = EmulatedCluster(**shape).up()
         print(f"up: {c.nodes} nodes ({', '.join(c.host(i) for i in range(c.nodes))}), "
@@ -142,4 +148,5 @@ def _link_words(c):
     words = c.rate
     if c.delay:
         words += f" + {c.delay}{' ± ' + c.jitter if c.jitter else ''} delay"
-    return words + (f" + {c.loss:g} % loss" if c.loss else "")
+    words += f" + {c.loss:g} % loss" if c.loss else ""
+    return words + (f", time dilated {c.dilation:g}x" if c.dilation > 1 else "")

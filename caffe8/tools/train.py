@@ -8,6 +8,7 @@ import sys
 
 from caffe8.engine.errors import CaffeError
 from caffe8.tools import _run
+from caffe8.tools._common import watched_terminal
 
 NAME = "train"
 HELP = "train a net from a solver prototxt"
@@ -20,7 +21,9 @@ _EFFECTS = ("stop", "snapshot", "none")
 def add_arguments(p):
     p.add_argument("--solver", required=True, help="solver prototxt")
     p.add_argument("--snapshot", help="resume from a .solverstate or .solverstate.h5; "
-                   "'latest': the newest complete model + state pair of the snapshot_prefix")
+                   "'latest': the newest complete model + state pair of the snapshot_prefix "
+                   "(the one written last), or from scratch when it holds none (a requeued "
+                   "job's first start); the log says which")
     p.add_argument("--weights", help="initialise from model file(s), comma separated")
     p.add_argument("--timing-log", "--timing_log", dest="timing_log",
                    help="per-layer timing, JSON lines (one record per iteration per rank)")
@@ -110,9 +113,10 @@ def install_signal_handlers(trainer, log, sigint_effect="stop", sighup_effect="s
 
 
 def _progress_bar(world, trainer):
-    """A tqdm bar on rank 0 beside the log, only when stdout is a terminal (the log's lines
-    clear it before they are written: engine.glog)."""
-    if world.rank != 0 or not sys.stdout.isatty():
+    """A tqdm bar on rank 0 beside the log, only where a person watches stdout
+    (``_common.watched_terminal``: not in a notebook's ``!caffe8 train`` cell); the log's lines
+    clear it before they are written (engine.glog)."""
+    if world.rank != 0 or not watched_terminal(sys.stdout):
         return None
     from tqdm import tqdm
     return tqdm(total=trainer.param.max_iter, initial=trainer.iter, unit="iter", file=sys.stdout,

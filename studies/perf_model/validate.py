@@ -625,20 +625,22 @@ ALPHA_COLLECTIVE = 0.22e-3
 # Barrier of the shared-memory stages (P' > 1), assumed: a few polls of node-shared counters
 # (two per bucket: about a millisecond per iteration in all).
 ALPHA_SHARED = 20e-6
-VARIANT = re.compile(r"^(?:c8-(fp32|fp16|fp8)-(sync|async)|ddp-(fp32|fp16)|(mpi)-fp32)$")
+VARIANT = re.compile(r"^(?:c8-(fp32|fp16|fp8)-(sync|async)|ddp-(fp32|fp16|fp8)|(mpi)-fp32)$")
 #: cluster_bench's variants the model has no cost for (left out of the comparison, named)
-UNMODELLED = re.compile(r"^ddp-(?:bf16|powersgd\d+|fp8h?|none)$")
+UNMODELLED = re.compile(r"^ddp-(?:bf16|powersgd\d+|fp8h|none)$")
 
 
-def emulated_layers(path):
+def emulated_layers(path, narrow=1):
     """LayerCosts of an emulated net prototxt: one per EmulatedCompute layer, with its
-    forward/backward sleep and the Parameter tensors since the previous one (element counts);
-    tensors after the last get a layer of no compute."""
+    forward/backward sleep and the Parameter tensors since the previous one (element counts;
+    narrowed as cluster_bench --narrow does); tensors after the last get a layer of no
+    compute."""
     import math
     from caffe8.engine.prototxt import parse_file
-    from scripts.make_emulated_net import read_groups
+    from scripts.make_emulated_net import read_groups, scale_net
+    net, _ = scale_net(parse_file(path), 1.0, narrow)
     layers = [pm.LayerCost(name, fwd / 1e3, bwd / 1e3, [math.prod(s) for s in shapes])
-              for name, shapes, fwd, bwd in read_groups(parse_file(path))]
+              for name, shapes, fwd, bwd in read_groups(net)]
     if not layers:
         raise ValueError(f"{path}: no EmulatedCompute or Parameter layers")
     return layers
@@ -653,7 +655,11 @@ def cluster_costs(rates, cores, rate_bps, ppn):
           for c in ("fp32", "fp16", "fp8")}
     ddp = {"fp32": pm.CodecCost(4, rates["gloo_fp32_sum"]),
            "fp16": pm.CodecCost(2, rates["gloo_fp16_sum"], encode_rate=rates["ddp_fp16_encode"],
-                                decode_rate=rates["ddp_fp16_decode"])}
+                                decode_rate=rates["ddp_fp16_decode"]),
+           # caffe8.ddp.fp8_hook over all ranks: caffe8's fused encode in the hook, its fp8 sum
+           # and decode, the bytes of a ring (all-to-all, then all-gather), gloo's latencies
+           "fp8": pm.CodecCost(1, rates["fp8_sum"], encode_rate=rates["fp8_encode"],
+                               decode_rate=rates["fp8_decode"])}
     host = pm.HostCost(cores, rates["tcp"], rates["copy_bytes"], rates["update"], rates["finite"],
                        rates["loopback"])
     network = pm.Network(ALPHA_SHARED, rates["copy_bytes"], ALPHA_COLLECTIVE,
@@ -661,16 +667,27 @@ def cluster_costs(rates, cores, rate_bps, ppn):
     return c8, ddp, host, pm.DdpCost(rates["ddp_copy"]), network
 
 
-def predict_cluster_row(row, layers, rates, cores, bucket_kb=1024):
+def row_cores(row, cores):
+    """The cores a row's processes had in its (undilated) time: with a time dilation above 1
+    (cluster_bench --dilation) one each, as caffe8.cluster's CPU caps give them; else the
+    machine's ``cores``, shared by all."""
+    return int(row["nodes"]) * int(row["ppn"]) if float(row.get("dilation") or 1) > 1 else cores
+
+
+def predict_cluster_row(row, layers, rates, cores, bucket_kb=1024, link_share=1.0):
     """Predicted seconds per iteration of one cluster_bench.py CSV row (caffe8's buckets of
-    ``bucket_kb`` KiB, comm.bucket_kb's default)."""
+    ``bucket_kb`` KiB, comm.bucket_kb's default); ``layers``: the row's net as it ran (narrowed
+    as the row says), ``link_share``: the share of the named link rate it ran at (the narrowed
+    parameters' share)."""
     from caffe8.cluster import parse_rate
     m = VARIANT.match(row["variant"])
     if not m:
         raise ValueError(f"unknown variant {row['variant']!r} (c8-<fp32|fp16|fp8>-<sync|async>, "
                          f"ddp-fp32, ddp-fp16, mpi-fp32)")
     nodes, ppn = int(row["nodes"]), int(row["ppn"])
-    c8, ddp, host, ddp_cost, network = cluster_costs(rates, cores, parse_rate(row["rate"]), ppn)
+    cores = row_cores(row, cores)
+    c8, ddp, host, ddp_cost, network = cluster_costs(rates, cores,
+                                                     parse_rate(row["rate"]) * link_share, ppn)
     t1 = float(row["baseline_ms"]) / 1e3
     if m.group(3):
         return pm.cluster_time(layers, ddp[m.group(3)], network, host, nodes, ppn, t1, "ddp",
@@ -741,27 +758,34 @@ def cluster_validation(csv_paths, out_dir, rates=None, cores=None, nets=None, li
         if r["net"] not in paths:
             raise ValueError(f"{csv_path}: net {r['net']!r} has no emulated prototxt "
                              f"(known: {', '.join(sorted(paths))}; --net NAME=PATH)")
-        if r["net"] not in layers:
-            layers[r["net"]] = emulated_layers(paths[r["net"]])
-        predicted = 1e3 * predict_cluster_row(r, layers[r["net"]], rates, cores, bucket_kb)
+        narrow = int(float(r.get("narrow") or 1))
+        key = (r["net"], narrow)
+        if key not in layers:
+            layers[key] = emulated_layers(paths[r["net"]], narrow)
+            full = sum(m for x in emulated_layers(paths[r["net"]]) for m in x.tensors)
+            layers[key, "share"] = sum(m for x in layers[key] for m in x.tensors) / full
+        predicted = 1e3 * predict_cluster_row(r, layers[key], rates, cores, bucket_kb,
+                                              layers[key, "share"])
         got = float(r["iter_ms"])
         rows.append(dict(r, predicted_ms=round(predicted, 3),
                          error_pct=round(100 * (predicted / got - 1), 2)))
-    lines = [f"{'net':9s} {'layout':6s} {'rate':7s} {'variant':14s} {'measured':>9s} "
+    lines = [f"{'net':9s} {'layout':6s} {'rate':7s} {'k':>4s} {'variant':14s} {'measured':>9s} "
              f"{'predicted':>9s} {'error':>7s}"]
     for r in rows:
         flag = "" if abs(r["error_pct"]) <= limit else f"  outside {limit:g} %"
-        lines.append(f"{r['net']:9s} {r['layout']:6s} {r['rate']:7s} {r['variant']:14s} "
+        lines.append(f"{r['net']:9s} {r['layout']:6s} {r['rate']:7s} "
+                     f"{float(r.get('dilation') or 1):4g} {r['variant']:14s} "
                      f"{float(r['iter_ms']):9.1f} {r['predicted_ms']:9.1f} "
                      f"{r['error_pct']:+6.1f}%{flag}")
     from caffe8.cluster import parse_rate
-    refs = [r for r in rows if r["variant"] == "mpi-fp32" and int(r["nodes"]) > 1]
+    refs = [r for r in rows if r["variant"] == "mpi-fp32" and int(r["nodes"]) > 1
+            and int(float(r.get("narrow") or 1)) == 1 and float(r.get("dilation") or 1) == 1]
     for r in refs:       # the reference transfers at their highest rate (CPU-bound)
         if parse_rate(r["rate"]) < max(parse_rate(q["rate"]) for q in refs
                                        if (q["net"], q["layout"]) == (r["net"], r["layout"])):
             continue
         try:
-            implied = tcp_rate_from_mpi_reference(r, layers[r["net"]], rates, cores)
+            implied = tcp_rate_from_mpi_reference(r, layers[r["net"], 1], rates, cores)
         except ValueError:
             continue
         lines.append(f"{r['net']} {r['layout']} {r['rate']} mpi-fp32 implies tcp "

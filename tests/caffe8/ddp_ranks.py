@@ -16,6 +16,10 @@ train      a DDP training run (static_graph) whose ranks end with bit-identical 
 slowrank   rank 0's backward sleeps between buckets, a new scale every iteration: the fast rank
            meets the scale's all-reduce while the slow one finishes pieces (they must not wait
            for each other)
+cuda       the hook's CUDA side (caffe8.ddp._Cuda) on the stand-in device (tests/device_standin,
+           put in place of CuPy before caffe8 is imported), CPU tensors standing for CUDA ones:
+           flat (in one piece and in pieces of 512 bytes) and two-level, small tensors in
+           float32, 3 changing steps, the bits of caffe8's exchange
 
 Prints ``CASE: OK`` on rank 0 per case; any failed check aborts the job (non-zero exit).
 """
@@ -30,6 +34,9 @@ import numpy
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))
 
+if "cuda" in sys.argv[1].split(","):
+    from tests.device_standin import install
+    install()
 from caffe8.comm.mpi import get_world, install_excepthook  # noqa: E402
 
 world = get_world()
@@ -282,9 +289,64 @@ def case_slowrank():
     assert len(set(digests)) == 1, sums
 
 
+def case_cuda():
+    import contextlib
+    from caffe8.engine import backend
+    from tests.device_standin import ordering
+
+    class StandinCuda(ddp._Cuda):
+        """_Cuda with its torch.cuda parts on the stand-in: its stream, the contexts that make
+        it current, the wait for the gradients' event (CPU tensors: none). The arrays (DLPack),
+        the sums, the between-stages step and the codec's kernels are the hook's own."""
+        made = 0
+
+        def __init__(self, dev):
+            self.dev, self.cupy = dev, backend.cupy
+            self.stream = self.cupy.cuda.Stream(non_blocking=True)
+            StandinCuda.made += 1
+
+        @contextlib.contextmanager
+        def on_thread(self):
+            with self.cupy.cuda.Device(0), self.stream:
+                yield
+
+        def wait(self, event):
+            assert event is None
+
+    device_for = ddp._device_for
+    ddp._device_for = lambda buf: StandinCuda(buf.device)
+    try:
+        weights = tensors(0)[0]
+        steps = [tensors(s, scale=3.0)[1] for s in range(3)]
+        # tensors under 40 elements travel as float32 (the fp32 codec on the device, torch's
+        # sum): the reference takes them from caffe8's fp32 exchange
+        small = numpy.concatenate([numpy.full(int(numpy.prod(s)), numpy.prod(s) < 40)
+                                   for s in SIZES])
+        for ppn, chunks in ((None, CHUNKS), (P // 2, CHUNKS[1:])):
+            text = 'codec: "fp8" quantile_interval: 2 hierarchical: ' + \
+                (f"true processes_per_node: {ppn}" if ppn else "false")
+            ref = [numpy.where(small, b, a) for a, b in zip(
+                caffe8_mean(text, weights, steps),
+                caffe8_mean(text.replace('"fp8"', '"fp32"'), weights, steps))]
+            for chunk in chunks:
+                model = ddp_model(weights)
+                state = ddp.Fp8State(module=model, quantile_interval=2, chunk_bytes=chunk,
+                                     processes_per_node=ppn, min_elements=40)
+                got = hook_mean(model, state, steps)
+                state.close()
+                same(got, ref, f"CUDA side on the stand-in, {ppn or P} per node, pieces of "
+                               f"{chunk} bytes")
+    finally:
+        ddp._device_for = device_for
+    ran = set(ordering._OPS.values())
+    assert StandinCuda.made and {"kernel caffe8_fp8_encode_ratio_nearest",
+                                 "kernel caffe8_fp8_add_nearest",
+                                 "kernel caffe8_fp8_decode_ratio"} <= ran, sorted(ran)
+
+
 CASES = {"flat": case_flat, "twolevel": case_twolevel, "nosync": case_nosync,
          "exclude": case_exclude, "train": case_train, "slowrank": case_slowrank,
-         "close": case_close}
+         "close": case_close, "cuda": case_cuda}
 
 for name in sys.argv[1].split(","):
     CASES[name]()

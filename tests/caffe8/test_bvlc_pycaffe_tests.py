@@ -1,6 +1,7 @@
 """BVLC's own pycaffe unit tests (``python/caffe/test``, 52 tests, unchanged) pass with ``caffe``
-resolving to caffe8 through the small shim package in tests/caffe8/bvlc_shim. Runs where BVLC's
-source tree is unpacked (``$CAFFE8_BVLC_SRC``, default /opt/bvlc/src); skips elsewhere."""
+resolving to caffe8 through caffe8.caffe_alias (what ``caffe8 pycaffe enable`` installs). Runs
+where BVLC's source tree is unpacked (``$CAFFE8_BVLC_SRC``, default /opt/bvlc/src); skips
+elsewhere."""
 import json
 import os
 import subprocess
@@ -9,7 +10,7 @@ import sys
 import pytest
 
 BVLC_SRC = os.environ.get("CAFFE8_BVLC_SRC", "/opt/bvlc/src")
-RUNNER = os.path.join(os.path.dirname(__file__), "bvlc_shim", "run_bvlc.py")
+RUNNER = os.path.join(os.path.dirname(__file__), "bvlc_pycaffe_runner.py")
 
 
 def test_bvlcs_pycaffe_tests_pass_with_caffe8(tmp_path):

@@ -445,6 +445,88 @@ def test_two_node_fp8_training_across_the_namespaces(make_cluster, in_digits_cwd
         assert iters * params <= received < 4 * iters * params, (host, received, params)
 
 
+# --- time dilation ---------------------------------------------------------------------------
+def test_dilation_needed_gives_each_process_a_core_once_they_outnumber_the_cores():
+    assert ec.dilation_needed(1, cores=2) == ec.dilation_needed(2, cores=2) == 1.0
+    for p in (3, 4, 8, 16):
+        k = ec.dilation_needed(p, cores=2)
+        assert p / k <= ec.CORE_SHARE * 2 < p / (k - 0.5), (p, k)   # sound, and the least so
+
+
+def test_dilation_slows_the_links_tc_rate_delay_and_jitter_by_k(monkeypatch):
+    """What tc is told (no kernel needed): rate / k; delay and jitter x k."""
+    sent = []
+    monkeypatch.setattr(ec, "_sh", lambda args, check=True, capture=False: sent.append(args))
+    c = ec.EmulatedCluster(nodes=2, rate="1gbit", delay="50us", jitter="10us", dilation=4,
+                           prefix=PREFIX)
+    c._shape("ns", "dev")
+    netem = [a for a in sent if "netem" in a][0]
+    assert netem[netem.index("delay") + 1:][:2] == ["200us", "40us"], netem
+    tbf = [a for a in sent if "tbf" in a][0]
+    assert tbf[tbf.index("rate") + 1] == "250000000bit", tbf
+
+
+def test_dilation_out_of_range_is_one_clear_error():
+    with pytest.raises(ec.ClusterError, match="--dilation 0.5: expected a factor from 1"):
+        ec.EmulatedCluster(nodes=2, dilation=0.5)
+
+
+def _cpu_seconds_and_wall(c, node, tmp_path):
+    """A CPU-bound Python loop run inside ``node`` (its CPU group joined): (CPU s, wall s)."""
+    out = tmp_path / f"burn{node}"
+    code = ("import time; w = time.perf_counter(); c = time.process_time(); s = 0\n"
+            "for i in range(2 * 10 ** 6): s += i\n"
+            f"open({str(out)!r}, 'w').write(f'{{time.process_time() - c}} "
+            "{time.perf_counter() - w}')")
+    c.cpu.cap(1.0 / c.dilation)
+    subprocess.run(c.in_node(node, [sys.executable, "-c", code]), check=True, timeout=60)
+    return tuple(float(x) for x in out.read_text().split())
+
+
+@pytest.mark.mpi
+@pytest.mark.timeout(90)
+def test_dilation_slows_the_nodes_cpu_and_link_by_k_and_leaves_nothing(make_cluster, tmp_path):
+    try:
+        c = make_cluster(nodes=2, rate="1gbit", dilation=4)
+    except ec.ClusterError as e:
+        if "cgroup" in str(e):
+            pytest.skip(f"no CPU cgroups here: {e}")
+        raise
+    # the link: rate / 4 on both ends
+    for where, dev in ((c.ns(1), "eth0"), (c.switch, "p1")):
+        qdisc = subprocess.run(["ip", "netns", "exec", where, "tc", "qdisc", "show", "dev", dev],
+                               capture_output=True, text=True).stdout
+        assert "250Mbit" in qdisc, qdisc
+    # the host: a CPU-bound loop in a node gets a quarter of a core (wall ~ 4 x its CPU time)
+    cpu, wall = _cpu_seconds_and_wall(c, 1, tmp_path)
+    assert wall > 3.0 * cpu, (cpu, wall)
+    periods, throttled = c.cpu.stat()[1]
+    assert throttled > 0 and periods > 0
+    top = c.cpu.top
+    assert os.path.isdir(top) and ec.EmulatedCluster.load(PREFIX).dilation == 4
+    c.down()
+    assert not os.path.exists(top) and not os.path.ismount(c.cpu.mount)
+
+
+@pytest.mark.mpi
+@pytest.mark.timeout(90)
+def test_reshape_changes_rate_and_dilation_of_a_cluster_that_is_up(make_cluster, tmp_path):
+    try:
+        c = make_cluster(nodes=2, rate="1gbit", loss="1%", cpu_groups=True)
+    except ec.ClusterError as e:
+        if "cgroup" in str(e):
+            pytest.skip(f"no CPU cgroups here: {e}")
+        raise
+    cpu, wall = _cpu_seconds_and_wall(c, 0, tmp_path)     # dilation 1: uncapped
+    assert wall < 2.0 * cpu + 0.5, (cpu, wall)
+    c.reshape(dilation=2, rate="500mbit")
+    qdisc = subprocess.run(["ip", "netns", "exec", c.ns(0), "tc", "qdisc", "show", "dev",
+                            "eth0"], capture_output=True, text=True).stdout
+    assert "250Mbit" in qdisc, qdisc
+    cpu, wall = _cpu_seconds_and_wall(c, 0, tmp_path)
+    assert wall > 1.6 * cpu, (cpu, wall)
+
+
 # --- a link that is not clean, and one that goes down -----------------------------------------
 # digits on 2 nodes of one process each: the solver says so (processes_per_node: 1), so a run of
 # 2 processes on one machine sums in the same order and gives the same bytes as one across the

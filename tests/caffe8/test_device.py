@@ -107,3 +107,50 @@ def test_device_query_without_a_gpu(monkeypatch):
     monkeypatch.setattr(backend, "gpu_available", lambda: False)
     with pytest.raises(CaffeError, match="no CUDA GPU"):
         device_query()
+
+
+# --- the GPU extras pull only what caffe8 loads -------------------------------------------------
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+#: CuPy calls that load a CUDA library the extras leave out (CuPy 14 loads each on first use):
+#: cuFFT (cupy.fft), cuSOLVER (linalg's decompositions and solvers), cuSPARSE (cupyx.scipy
+#: .sparse), cuRAND (cupy.random) and the libraries' own modules
+LEFT_OUT = (r"\.fft\b", r"\bcupyx\b", r"\brandom\s*\.\s*\w+",
+            r"\blinalg\s*\.\s*(inv|solve|lstsq|pinv|svd|qr|cholesky|eigh|eigvalsh|det|slogdet|"
+            r"matrix_rank|tensorinv|tensorsolve|matrix_power)\b",
+            r"\b(cufft|cusolver|cusparse|curand)\b")
+
+
+def _code_of(path):
+    """The file's code without its comments and strings (docstrings say what is not used)."""
+    import io
+    import tokenize
+    with open(path, "rb") as f:
+        tokens = [t for t in tokenize.tokenize(f.readline)
+                  if t.type not in (tokenize.COMMENT, tokenize.STRING, tokenize.ENCODING)]
+    out = io.StringIO()
+    for t in tokens:
+        out.write(t.string + (" " if t.type == tokenize.NAME else ""))
+    return out.getvalue()
+
+
+def test_the_package_never_calls_what_the_gpu_extras_leave_out():
+    """setup.cfg's cuda12/cuda13 bring NVRTC, cuBLAS and the runtime but not cuFFT, cuSOLVER,
+    cuSPARSE or cuRAND: no module of the package may reach CuPy's calls that load those (a
+    numpy.random generator, ``rng.random``, is the host's and fine)."""
+    import re
+    found = []
+    for floor in ("engine", "layers", "solvers", "comm", "caffe8"):
+        for folder, _, names in os.walk(os.path.join(REPO, floor)):
+            for name in names:
+                if name.endswith(".py"):
+                    path = os.path.join(folder, name)
+                    code = _code_of(path)
+                    for pattern in LEFT_OUT:
+                        for m in re.finditer(pattern, code):
+                            context = code[max(0, m.start() - 40):m.end()]
+                            if "numpy" in context or re.search(r"\b_?rng\b", context):
+                                continue     # the host's generator
+                            found.append((os.path.relpath(path, REPO), m.group(0)))
+    assert not found, found
+

@@ -7,7 +7,7 @@ from PIL import Image
 
 import caffe8 as caffe
 from caffe8.proto import caffe_pb2
-from caffe8.engine.errors import CaffeError
+from caffe8.engine.errors import CaffeError, DataError
 
 
 def test_transformer_preprocess_and_deprocess_by_hand():
@@ -106,6 +106,27 @@ def test_load_image(tmp_path):
     Image.fromarray(rgb[:, :, 0]).save(tmp_path / "g.png")
     tiled = caffe.io.load_image(str(tmp_path / "g.png"))
     assert tiled.shape == (4, 5, 3) and numpy.all(tiled[:, :, 2] == tiled[:, :, 0])
+
+
+def test_load_image_of_a_bad_file_is_an_ioerror_as_in_pycaffe(tmp_path):
+    """pycaffe's scikit-image raises OSError (IOError) for a missing or unreadable file; a
+    script's ``except IOError`` must catch caffe8's, which is also its one-line DataError."""
+    import errno
+    (tmp_path / "not_an_image.jpg").write_bytes(b"this is no JPEG")
+    Image.fromarray(numpy.zeros((8, 8, 3), numpy.uint8)).save(tmp_path / "whole.png")
+    whole = (tmp_path / "whole.png").read_bytes()
+    (tmp_path / "truncated.png").write_bytes(whole[:len(whole) // 2])
+    cases = {"missing.jpg": errno.ENOENT, "not_an_image.jpg": None, "truncated.png": None}
+    for name, code in cases.items():
+        path = str(tmp_path / name)
+        try:
+            caffe.io.load_image(path)
+        except IOError as e:          # what a pycaffe script writes
+            assert isinstance(e, DataError), type(e).__mro__
+            assert str(e).startswith(f"{path}: cannot read image: "), str(e)
+            assert e.errno == code, (name, e.errno)
+        else:
+            raise AssertionError(f"{name} loaded")
 
 
 def test_blobproto_from_hand_encoded_bytes():

@@ -296,6 +296,7 @@ def test_star_import_exports_pycaffes_names_and_stays_lazy(tmp_path):
     lazy, names = r.stdout.split(" ", 1)
     assert lazy == "True"                                  # `import caffe8` loads no NumPy
     assert _bvlc_init_names() <= set(names.split())
+    assert "draw" in names.split()          # caffe.draw, as after BVLC's `import caffe.draw`
 
 
 def test_draw_resolves_as_an_attribute():

@@ -9,6 +9,7 @@ import pytest
 
 from caffe8.comm import fp8, kernels
 from caffe8.engine import backend
+from tests.device_standin.kernels import HOST_SHIM as _HOST_SHIM
 
 E5M2 = ml_dtypes.float8_e5m2
 ALL_CODES = numpy.arange(256, dtype=numpy.uint8)
@@ -180,20 +181,6 @@ def test_public_encode_decode_on_every_host_path(path):
 
 
 # --- the CUDA kernel text, compiled as C on the host (checks its arithmetic without a GPU) ------
-_HOST_SHIM = r"""
-#include <math.h>
-#include <stddef.h>
-#include <string.h>
-#define __device__ static
-#define __forceinline__ inline
-static unsigned int __float_as_uint(float f) { unsigned int u; memcpy(&u, &f, 4); return u; }
-static float __uint_as_float(unsigned int u) { float f; memcpy(&f, &u, 4); return f; }
-static float __fadd_rn(float a, float b) { return a + b; }
-static float __fmul_rn(float a, float b) { return a * b; }
-static float __fdiv_rn(float a, float b) { return a / b; }
-static long long __double_as_longlong(double d) { long long u; memcpy(&u, &d, 8); return u; }
-static double __longlong_as_double(long long u) { double d; memcpy(&d, &u, 8); return d; }
-"""
 _C_TYPES = {"float32": ("float", numpy.float32), "float64": ("double", numpy.float64),
             "uint8": ("unsigned char", numpy.uint8), "uint16": ("unsigned short", numpy.uint16)}
 

@@ -1,6 +1,7 @@
 """comm/ipc.py: the device arena (CUDA IPC) on one process, its sums against the host's, and
-what it answers without a GPU. Its multi-process sums: tests/comm/mpi (prog_device_stage on a
-GPU, prog_fp8_exact's "staged" arena everywhere)."""
+what it answers without a GPU; on a GPU, or on the stand-in device (which fails on an access
+no stream order makes safe). Its multi-process sums and its agreement: tests/comm/mpi
+(prog_device_stage, prog_device_arena)."""
 import numpy
 import pytest
 
@@ -28,23 +29,17 @@ def test_without_a_gpu_every_process_gets_a_reason():
     assert arena is None and reason == "not on a GPU"
 
 
-@pytest.fixture
-def gpu():
-    backend.use_gpu(0)
-    yield backend.cupy
-    backend.use_cpu()
-
-
-@pytest.mark.gpu
-def test_alloc_aligned_zeroed_found_again_and_closed(gpu):
+@pytest.mark.device
+def test_alloc_aligned_zeroed_found_again_and_closed(device):
     arena, reason = ipc.DeviceArena.create(mpi_module().COMM_SELF, 10_000)
     assert reason is None and arena.on_device and arena.segment % ipc.ALIGN == 0
     a = arena.alloc(10, numpy.uint8)
     b = arena.alloc(7, numpy.float32)
     assert (b.data.ptr - a.data.ptr) == ipc.ALIGN and int((a == 0).sum()) == 10
-    b[...] = gpu.arange(7, dtype=gpu.float32)
+    b[...] = device.arange(7, dtype=device.float32)
+    device.cuda.get_current_stream().synchronize()   # the arena's stream is another one
     assert arena.peer(0, b).data.ptr == b.data.ptr           # one process: itself
-    assert arena.holds(a) and arena.holds(b) and not arena.holds(gpu.zeros(3))
+    assert arena.holds(a) and arena.holds(b) and not arena.holds(device.zeros(3))
     assert not arena.holds(numpy.zeros(3)) and not arena.holds(b[::2])
     assert arena.alloc(arena.segment, numpy.uint8) is None
     host = backend.host_buffer(7, numpy.float32)
@@ -52,15 +47,15 @@ def test_alloc_aligned_zeroed_found_again_and_closed(gpu):
     host[...] = 5
     arena.unstage(b, host)
     arena.barrier(mpi_module().COMM_SELF, BLOCKING)
-    assert (gpu.asnumpy(b) == 5).all()
+    assert (device.asnumpy(b) == 5).all()
     arena.close()
     assert not arena.holds(a)
 
 
-@pytest.mark.gpu
+@pytest.mark.device
 @pytest.mark.parametrize("wire,rounding", [("fp8", "nearest"), ("fp8", "oyama"),
                                            ("fp16", "nearest"), ("fp32", "nearest")])
-def test_the_arena_sums_as_the_host_does(gpu, wire, rounding):
+def test_the_arena_sums_as_the_host_does(device, wire, rounding):
     rng = numpy.random.default_rng(4)
     dtype = ops.wire_op(wire, rounding).dtype
     if wire == "fp32":
@@ -72,12 +67,13 @@ def test_the_arena_sums_as_the_host_does(gpu, wire, rounding):
         src = rng.integers(0, top, 100_003).astype(dtype)
         dst = rng.integers(0, top, 100_003).astype(dtype)
     arena, _ = ipc.DeviceArena.create(mpi_module().COMM_SELF, 1 << 20)
-    d_src, d_dst = gpu.asarray(src), gpu.asarray(dst)
+    d_src, d_dst = device.asarray(src), device.asarray(dst)
+    device.cuda.get_current_stream().synchronize()   # written on this stream, summed on another
     arena.local_sum(ops.wire_op(wire, rounding))(d_src, d_dst)
     arena.stream.synchronize()
     ref = dst.copy()
     ops.local_sum(wire, rounding)(src, ref)
-    got = gpu.asnumpy(d_dst)
+    got = device.asnumpy(d_dst)
     as_float = {"fp8": fp8.decode, "fp16": lambda c: c.view(numpy.float16),
                 "fp32": lambda c: c}[wire]
     nan = numpy.isnan(as_float(ref))

@@ -2,6 +2,7 @@
 library's own MPI_Test, comm/csrc/kernels.c's c8_mpi_wait), in slices the watchdog can check
 its deadline between; the request objects see the completion."""
 import time
+from types import SimpleNamespace
 
 import numpy
 import pytest
@@ -52,3 +53,48 @@ def test_the_watchdog_completes_requests_and_ends_a_stalled_wait(mpi):
     stuck.Wait()
     dog.free()
     assert kernels.mpi_wait_function() is not None
+
+
+class _LateAnswers:
+    """The control communicator of rank 1 of 2, whose rank 0 answers while rank 1 is off the
+    CPU: the answer is there only once the clock has moved past the census' deadline."""
+
+    def __init__(self, clock, answer_at, answer):
+        self.clock, self.answer_at, self.answer = clock, answer_at, answer
+        self.delivered = False
+
+    def Isend(self, buf, dest, tag):
+        return SimpleNamespace(Test=lambda: True, Cancel=lambda: None)
+
+    def Iprobe(self, source, tag, status):
+        if tag == 7102 and not self.delivered and self.clock[0] >= self.answer_at:
+            status.source = 0
+            return True
+        return False
+
+    def Recv(self, buf, source, tag):
+        buf[:] = self.answer
+        self.delivered = True
+
+
+def test_a_census_counts_answers_that_came_while_this_rank_was_off_the_cpu(monkeypatch):
+    """On a loaded machine the asking rank can sleep past its grace period while the busy rank
+    answers (a slow snapshot under mpiexec -n 2 beside other work): the answer waiting in its
+    queue is heard, not taken for a rank that does not answer."""
+    from caffe8.comm import watchdog as wd
+    clock = [100.0]
+    monkeypatch.setattr(wd.time, "monotonic", lambda: clock[0])
+
+    def descheduled(seconds):             # this rank off the CPU for 10 s
+        clock[0] += 10.0
+    monkeypatch.setattr(wd.time, "sleep", descheduled)
+    dog = Watchdog.__new__(Watchdog)
+    status = SimpleNamespace(source=None)
+    status.Get_source = lambda: status.source
+    dog.MPI = SimpleNamespace(ANY_SOURCE=-1, Status=lambda: status)
+    dog.ctl = _LateAnswers(clock, answer_at=100.5, answer=[3, 7, 1])   # 1: writing a snapshot
+    dog.rank, dog.size, dog.grace = 1, 2, 2.0
+    dog.iteration, dog.started, dog.phase, dog._answers = 3, 7, 0, []
+    heard = dog._census(lambda: False)
+    assert heard == {0: (3, 7, 1)}
+    assert not dog._stalled_ranks(heard)

@@ -145,3 +145,14 @@ def test_decode_image_is_bgr_and_resizes_bilinear(tmp_path):
     small = decode_image(path, color=False, size=(2, 3))
     expect = numpy.asarray(Image.fromarray(ramp).resize((3, 2), Image.BILINEAR))
     numpy.testing.assert_array_equal(small[..., 0], expect)
+
+
+def test_a_missing_image_names_the_working_directory_of_a_relative_path(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(DataError) as e:
+        decode_image("images/cat.jpg", where="image 'images/cat.jpg' (listed at l.txt:1)")
+    assert str(e.value) == ("image 'images/cat.jpg' (listed at l.txt:1): image file not found "
+                            f"(relative to the working directory {tmp_path})")
+    with pytest.raises(DataError) as e:      # an absolute path needs no working directory
+        decode_image(str(tmp_path / "cat.jpg"), where="image")
+    assert str(e.value) == "image: image file not found"

@@ -114,3 +114,33 @@ def test_locations_worked_out_on_demand_match_the_text():
         _, line, col = layer.location().rsplit(":", 2)
         assert text.splitlines()[int(line) - 1][int(col) - 1] == "{"
     assert m.location("name") == "deep.prototxt:1:1"
+
+
+# --- a net of more layers than caffe8 builds ------------------------------------------------------
+def test_too_many_layers_are_refused_before_parsing(tmp_path, monkeypatch):
+    """The layer blocks are counted in the raw text (new and V1 spellings, one line or many,
+    not in comments); over CAFFE8_MAX_LAYERS the file is refused with one line, at or under
+    it the net parses."""
+    from caffe8.engine.prototxt import MAX_LAYERS, max_layers
+    assert max_layers() == MAX_LAYERS == 200_000
+    monkeypatch.setenv("CAFFE8_MAX_LAYERS", "3")
+    body = ('name: "n"\n# a layer { in a comment is no layer\n'
+            'layer { name: "a" type: "Input" top: "x" input_param { shape { dim: 1 } } }\n'
+            'layer{name:"b" type:"ReLU" bottom:"x" top:"x"}\n'
+            'layer {\n  name: "c"\n  type: "ReLU"\n  bottom: "x"\n  top: "x"\n}\n')
+    path = tmp_path / "net.prototxt"
+    path.write_text(body)
+    assert len(parse_file(str(path)).layer) == 3            # the limit itself is allowed
+    path.write_text(body + 'layer { name: "d" type: "ReLU" bottom: "x" top: "x" }\n')
+    with pytest.raises(PrototxtError) as e:
+        parse_file(str(path))
+    assert str(e.value).startswith(f"{path}: a net of 4 layers, more than caffe8 builds (3; ")
+    assert str(e.value).endswith("CAFFE8_MAX_LAYERS sets the limit (CAFFE8_MAX_LAYERS=4) for a "
+                                 "run that may wait that long")
+    v1 = tmp_path / "v1.prototxt"
+    v1.write_text('name: "old"\n' + 'layers { name: "r" type: RELU bottom: "x" top: "x" }\n' * 4)
+    with pytest.raises(PrototxtError, match="a net of 4 layers"):
+        parse_file(str(v1))
+    monkeypatch.setenv("CAFFE8_MAX_LAYERS", "many")
+    with pytest.raises(PrototxtError, match="CAFFE8_MAX_LAYERS='many': not a whole number"):
+        parse_file(str(path))

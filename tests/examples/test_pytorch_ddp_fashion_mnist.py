@@ -2,6 +2,7 @@
 small IDX files of the real format: it trains with caffe8's fp8 hook and reports the test
 accuracy; without its data it says so in one line."""
 import csv
+import math
 import os
 import subprocess
 import sys
@@ -34,6 +35,11 @@ def _torchrun_two(tmp_path, net, interval, *extra):
     assert f"({net}, fp8, 2 processes, 40 iterations" in r.stdout
     rows = list(csv.DictReader(open(out)))
     assert [int(row["iteration"]) for row in rows] == list(range(0, 41, interval))
+    # every row's training loss is a number, iteration 0's too (it printed "loss nan" once):
+    # 10 classes at chance give about ln 10 before the first update
+    losses = [float(row["loss"]) for row in rows]
+    assert all(math.isfinite(v) for v in losses) and 1.0 < losses[0] < 4.0, losses
+    assert "loss nan" not in r.stdout
     return rows
 
 

@@ -8,7 +8,7 @@ import numpy
 import pytest
 
 from caffe8.engine import backend
-from caffe8.layers import cudnn
+from caffe8.layers import cudnn, cudnn_conv
 
 
 def _window_slices(offsets, out, stride, dilation):
@@ -282,12 +282,13 @@ class FakeCudnn:
 @pytest.fixture
 def fake_cudnn(monkeypatch):
     """Route the binding to a fresh ``FakeCudnn``: host arrays pass as device arrays, the
-    algorithm cache and handles start empty, TF32 is off."""
+    algorithm cache, handles and find workspaces start empty, TF32 is off."""
     fake = FakeCudnn()
     monkeypatch.setattr(cudnn, "library", lambda: fake)
     monkeypatch.setattr(cudnn, "_lib", fake)
     monkeypatch.setattr(cudnn, "algorithms", cudnn.AlgorithmCache(cudnn._search))
     monkeypatch.setattr(cudnn, "_handles", threading.local())
+    monkeypatch.setattr(cudnn_conv, "_find_workspaces", {})
     monkeypatch.setattr(cudnn, "device_ptr", lambda a: ctypes.c_void_p(a.ctypes.data))
     monkeypatch.setattr(backend, "is_device_array", lambda a: True)
     monkeypatch.setattr(backend, "cuda_device_id", lambda: 0)

@@ -229,6 +229,37 @@ def test_find_mode_times_candidates_on_scratch_outputs(fake_cudnn, monkeypatch):
     assert all(out not in real and wss == 2 << 20 for out, wss in fake_cudnn.finds)
 
 
+def test_find_mode_holds_one_workspace_however_many_convolutions(fake_cudnn, monkeypatch):
+    """Issue 41, defect 9: each plan kept its own find workspace (CAFFE8_CUDNN_WORKSPACE_MB,
+    1 GiB by default) until its backward had chosen, so a net's first forward held one per
+    convolution (~59 GiB for GoogLeNet). Six convolutions forward in find mode: at no time is
+    more than one find workspace alive."""
+    import gc
+    import weakref
+    monkeypatch.setenv(cudnn.ALGO_ENV, "find")
+    monkeypatch.setenv(cudnn.WORKSPACE_ENV, "2")
+    live, most = [], [0]
+
+    def workspace(n):
+        gc.collect()
+        live[:] = [r for r in live if r() is not None]
+        ws = numpy.empty(max(n, 1), numpy.uint8)
+        if n == 2 << 20:
+            live.append(weakref.ref(ws))
+            most[0] = max(most[0], len(live))
+        return ws
+    monkeypatch.setattr(backend, "device_workspace", workspace)
+    x = numpy.random.default_rng(9).standard_normal((2, 4, 6, 6))
+    layers = []
+    for k in range(6):
+        layer, bottom, top = build(conv_text(f"num_output: {4 + k} kernel_size: 3 pad: 1",
+                                             "CUDNN", f"c{k}"), [x])     # a shape each: a search
+        set_params(layer, seed=k)
+        forward(layer, bottom, top)
+        layers.append(layer)
+    assert len(fake_cudnn.finds) == 6 and most[0] == 1
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("mode", ["heuristic", "find"])
 @pytest.mark.parametrize("tf32", [False, True])

@@ -39,13 +39,31 @@ def test_medians_over_rounds_and_weak_scaling():
     assert summary[("2x1", "all")]["iter_ms"] == 560.0
     assert summary[("4x1", "all")]["iter_ms"] == 750.0
     assert summary[("2x1", "all")]["iterations"] == 12
-    weak = {p["nodes"]: p for p in cb.weak_scaling(rows)}
-    assert weak[1]["speedup"] == 1.0
-    assert weak[2]["speedup"] == pytest.approx(2 * 500 / 560)
-    assert weak[4]["speedup"] == pytest.approx(4 * 500 / 750)
-    assert weak[4]["samples_s"] == pytest.approx(256 * 4 / 0.75)   # CaffeNet's batch of 256
-    # the MPI reference has no one-process run: no weak-scaling point, no division by zero
-    assert not [p for p in cb.weak_scaling([_row("mpi-fp32", "0", 300.0, base=0.0)])]
+    rows += [dict(_row("c8-fp8-async", 0, 720.0, nodes=2), layout="2x2", ppn=2)]
+    weak = {p["layout"]: p for p in cb.scaling(rows)}
+    assert weak["1x1"]["speedup"] == 1.0
+    assert weak["2x1"]["speedup"] == pytest.approx(2 * 500 / 560)
+    assert weak["4x1"]["speedup"] == pytest.approx(4 * 500 / 750)
+    assert weak["2x2"]["speedup"] == pytest.approx(4 * 500 / 720)     # 4 processes, 2 a node
+    assert weak["4x1"]["samples_s"] == pytest.approx(256 * 4 / 0.75)   # CaffeNet's batch of 256
+    assert weak["4x1"]["efficiency"] == pytest.approx(500 / 750)
+    # the MPI reference has no one-process run: no scaling point, no division by zero
+    assert not [p for p in cb.scaling([_row("mpi-fp32", "0", 300.0, base=0.0)])]
+
+
+def test_strong_scaling_shares_the_global_batch():
+    """--global-batch G: P processes share G, so the one-process run does all of G and the
+    speedup is T1 / T_P; each process's emulated compute is its share of the net's batch."""
+    import argparse
+    rows = [dict(_row("c8-fp8-async", 0, 400.0, nodes=4, base=1000.0), global_batch=512)]
+    strong = {p["layout"]: p for p in cb.scaling(rows)}
+    assert strong["4x1"]["speedup"] == pytest.approx(1000 / 400)
+    assert strong["4x1"]["efficiency"] == pytest.approx(1000 / 400 / 4)
+    assert strong["4x1"]["samples_s"] == pytest.approx(512 / 0.4)
+    solver = os.path.join(REPO, cb.NETS["caffenet"])
+    args = argparse.Namespace(global_batch=512)
+    assert [cb.batch_share(args, solver, p) for p in (1, 2, 4)] == [2.0, 1.0, 0.5]
+    assert cb.batch_share(argparse.Namespace(global_batch=0), solver, 4) == 1.0
 
 
 def test_link_bytes_between_two_times_interpolate_the_samples():
@@ -74,12 +92,47 @@ def test_the_ddp_side_has_caffe8s_tensors_and_sleeps():
     assert groups[1][2] == pytest.approx(52.477) and groups[1][3] == pytest.approx(104.954)
 
 
+def test_dilated_narrowed_runs_give_both_sides_the_same_tensors_and_sleeps():
+    """Time dilation multiplies every emulated time by k and narrowing divides every tensor's
+    first axis; caffe8's run net and the DDP side read the same groups from it, and the share
+    of parameters left is what the link's rate is scaled by."""
+    from scripts import _runs
+    from scripts.make_emulated_net import read_groups
+    solver = os.path.join(REPO, cb.NETS["caffenet"])
+    plain, _ = cb.emulated_layers(solver)
+    groups, _ = cb.emulated_layers(solver, 4.0, 4)
+    assert read_groups(cb._transform(solver, 4.0, 4)(_runs.load_train_net(solver)[1])) == groups
+    for (name, shapes, fwd, bwd), (name0, shapes0, fwd0, bwd0) in zip(groups, plain):
+        assert name == name0 and (fwd, bwd) == (pytest.approx(4 * fwd0), pytest.approx(4 * bwd0))
+        assert [s[0] for s in shapes] == [max(1, round(s0[0] / 4)) for s0 in shapes0]
+        assert [s[1:] for s in shapes] == [s0[1:] for s0 in shapes0]
+    import numpy
+    count = sum(int(numpy.prod(s)) for _, shapes, _, _ in groups for s in shapes)
+    assert count == 60965224 // 4
+    assert cb.narrowed_share(solver, 4) == pytest.approx(0.25)
+    assert cb.narrowed_share(os.path.join(REPO, cb.NETS["lenet"]), 4) == 1.0
+
+
+def test_dilation_auto_is_the_clusters_sound_factor_per_layout():
+    import argparse
+    args = argparse.Namespace(dilation="auto")
+    from caffe8.cluster import dilation_needed
+    assert [cb.layout_dilation(args, p) for p in (1, 4, 16)] == \
+        [dilation_needed(p) for p in (1, 4, 16)]
+    args.min_dilation = 2.0
+    assert [cb.layout_dilation(args, p) for p in (1, 16)] == [2.0, dilation_needed(16)]
+    args.dilation = "3"
+    assert cb.layout_dilation(args, 16) == 3.0
+    with pytest.raises(SystemExit):
+        cb.main(["--dilation", "0.5"])
+
+
 def test_lenet_is_real_compute_with_inputs_for_its_data_layers():
     solver = os.path.join(REPO, cb.NETS["lenet"])
     assert cb._real_compute(solver) and not cb._real_compute(
         os.path.join(REPO, cb.NETS["caffenet"]))
     from scripts import _runs
-    net = cb._inputs_for(solver)(_runs.load_train_net(solver)[1])
+    net = cb._transform(solver, 4.0, 4)(_runs.load_train_net(solver)[1])
     assert [layer.type for layer in net.layer][:2] == ["Input", "Input"]
     assert cb._net_batch(solver) == 64
     torch = pytest.importorskip("torch")
@@ -176,11 +229,13 @@ def test_the_fp8_hook_sends_a_quarter_of_ddps_bytes_over_the_shaped_link(tmp_pat
     rc = cb.main(["--nets", _tiny_solver(tmp_path), "--layouts", "2x1", "--rates", "1gbit",
                   "--variants", "ddp-fp32,ddp-fp8", "--iters", "5", "--skip", "2",
                   "--rounds", "1", "--out", str(tmp_path / "runs"), "--csv", str(out),
-                  "--prefix", "c8cb", "--timeout", "150"])
+                  "--prefix", "c8cb", "--timeout", "150", "--dilation", "2"])
     assert rc == 0
     import csv
     rows = {r["variant"]: r for r in csv.DictReader(open(out)) if r["round"] == "all"}
     assert set(rows) == {"ddp-fp32", "ddp-fp8"}
+    # time dilated 2x (links at half the rate, sleeps doubled): the same bytes per iteration
+    assert all(float(r["dilation"]) == 2.0 for r in rows.values())
     fp32, fp8 = float(rows["ddp-fp32"]["link_mb"]), float(rows["ddp-fp8"]["link_mb"])
     # 512 x 1024 gradients: float32's ring moves 2 MB a rank and iteration, fp8 a quarter (the
     # counters are read between iterations: one in flight at a read moves ~10 % either way)

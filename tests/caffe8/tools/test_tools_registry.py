@@ -18,7 +18,7 @@ FIRST_ARGUMENT = {"train": "--solver", "test": "--model", "time": "--model",
                   "inspect": "model", "convert": "src", "upgrade_net_proto_text": "IN",
                   "upgrade_net_proto_binary": "IN", "upgrade_solver_proto_text": "IN",
                   "draw_net": "input_net_proto_file", "cluster": "counters", "bench": "--elements",
-                  "perf_model": "--model"}
+                  "perf_model": "--model", "pycaffe": "{enable,disable,status}"}
 
 
 def test_every_tool_module_is_registered_once_with_the_interface():

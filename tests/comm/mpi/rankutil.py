@@ -18,8 +18,13 @@ if ROOT not in sys.path:
 E5M2 = ml_dtypes.float8_e5m2
 
 
-def start():
-    """World of this job with the abort hook installed (a failed assert ends every rank)."""
+def start(standin=False):
+    """World of this job with the abort hook installed (a failed assert ends every rank).
+    ``standin``: CuPy is the stand-in device (tests/device_standin), put in place before
+    caffe8 is imported."""
+    if standin:
+        from tests.device_standin import install
+        install()
     from caffe8.comm.mpi import get_world, install_excepthook
     world = get_world()
     install_excepthook(world)

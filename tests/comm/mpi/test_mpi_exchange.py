@@ -14,6 +14,27 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(
 pytestmark = pytest.mark.mpi
 
 
+@pytest.mark.parametrize("ranks,ppn", [(2, 2), (4, 2)])
+def test_the_intra_node_stage_on_the_stand_in_device_gives_the_host_bits(mpirun, ranks, ppn):
+    """prog_device_stage on the stand-in device (tests/device_standin), on every machine: the
+    exchange's device buckets in the CUDA-IPC arena against host staging, fp8/fp16/fp32, async
+    and sync, hierarchical and rsag, 3 changing steps, with every stream order checked."""
+    out = mpirun("prog_device_stage.py", ranks, ppn, "standin")
+    assert f"device stage P={ranks} ppn={ppn}: OK" in out
+
+
+@pytest.mark.parametrize("ranks", [2, 4])
+def test_the_device_arena_is_every_processs_or_none_and_falls_back_to_the_host_bits(mpirun,
+                                                                                  ranks):
+    """prog_device_arena on the stand-in: an arena across two GPUs with peer access; without
+    it, with another process's GPU not visible, with an IPC open refused or a segment not
+    allocated on one process, every process falls back (GPUs checked before any handle is
+    opened) and its exchange gives the bits of host staging."""
+    cases = ["twogpus", "nopeer", "invisible", "refused", "nomemory"]
+    out = mpirun("prog_device_arena.py", ranks, ",".join(cases))
+    assert all(f"{case}: OK" in out for case in cases), out[-2000:]
+
+
 @pytest.mark.parametrize("ranks,ppn", [(4, 2), (6, 2), (6, 3)])
 def test_hierarchical_fp8_sum_equals_ml_dtypes_simulation(mpirun, ranks, ppn):
     assert f"fp8 exact P={ranks} ppn={ppn}: OK" in mpirun("prog_fp8_exact.py", ranks, ppn)

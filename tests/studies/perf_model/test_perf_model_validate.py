@@ -169,9 +169,20 @@ def test_cluster_cli_by_hand(tmp_path, capsys):
         assert float(r["error_pct"]) == pytest.approx(
             100 * (float(r["predicted_ms"]) / float(r["iter_ms"]) - 1), abs=0.01)
     # the DDP hooks the model has no cost for are left out and named
-    data.write_text(CLUSTER_FIELDS + "\n" + rows[1] + "\ntoy,2x1,2,1,8gbit,ddp-fp8,all,5,1,0,1,0,0,0\n")
+    data.write_text(CLUSTER_FIELDS + "\n" + rows[1] + "\ntoy,2x1,2,1,8gbit,ddp-fp8h,all,5,1,0,1,0,0,0\n")
     assert spm.main(argv) == 0
-    assert "not modelled: ddp-fp8 (1 points)" in capsys.readouterr().out
+    assert "not modelled: ddp-fp8h (1 points)" in capsys.readouterr().out
+    # caffe8.ddp.fp8_hook (flat): DDP's program with caffe8's fp8 in the hook: a quarter of the
+    # bytes on the link (w1's bucket: 1 link instead of 4), w2's encode (2 ms) on the main thread
+    # before l1's backward, w1's encode and decode (1 ms each) after its ready: +4 - 3 link
+    data.write_text(CLUSTER_FIELDS + "\n" + rows[3] + "\n" + rows[3].replace("ddp-fp32", "ddp-fp8")
+                    + "\n")
+    assert spm.main(argv + ["--rate", "fp8_encode=1e9", "--rate", "fp8_decode=1e9",
+                            "--rate", "fp8_sum=inf"]) == 0
+    with open(tmp_path / "out" / "cluster_model.csv", encoding="utf-8") as f:
+        fp32, fp8 = (float(r["predicted_ms"]) for r in csv.DictReader(f))
+    assert fp32 == pytest.approx(ddp, abs=2e-3)
+    assert fp8 == pytest.approx(ddp + 4 - 3 * link, abs=2e-3)
     data.write_text(CLUSTER_FIELDS + "\ntoy,2x1,2,1,8gbit,c8-fp4-async,all,5,1,0,1,0,0,0\n")
     with pytest.raises(ValueError, match="unknown variant"):
         spm.main(argv)

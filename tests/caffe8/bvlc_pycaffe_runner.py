@@ -1,8 +1,9 @@
 """Run BVLC's pycaffe unit tests (``python/caffe/test`` of a BVLC source tree, unchanged) with
-``caffe`` = caffe8 (the package beside this file) and print one JSON line: tests run, the ids of
-failures and errors, and the tests left out because this machine lacks what they need.
+``caffe`` = caffe8 (``caffe8.caffe_alias``, what ``caffe8 pycaffe enable`` installs) and print one
+JSON line: tests run, the ids of failures and errors, and the tests left out because this
+machine lacks what they need.
 
-    python run_bvlc.py BVLC_SRC
+    python bvlc_pycaffe_runner.py BVLC_SRC
 
 Left out: test_draw without graphviz's ``dot`` (it renders every BVLC prototxt to PNG).
 """
@@ -23,7 +24,9 @@ def _cases(suite):
 
 def main(src):
     folder = os.path.join(src, "python", "caffe", "test")
-    sys.path[:0] = [os.path.dirname(os.path.abspath(__file__)), folder]
+    from caffe8 import caffe_alias
+    caffe_alias.install()     # BVLC's python/ folder is not on sys.path: its caffe is not built
+    sys.path.insert(0, folder)
     cases = list(_cases(unittest.defaultTestLoader.discover(folder, pattern="test_*.py")))
     skipped = []
     if shutil.which("dot") is None:
