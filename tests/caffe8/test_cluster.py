@@ -5,7 +5,9 @@ teardown after a failure and a timeout, a 2-node fp8 digits training across the 
 same bytes over a lossy link, and a link pulled mid-run. The command line, ``caffe8 cluster``:
 tests/caffe8/tools/test_cluster_tool.py; the MPIs: tests/caffe8/test_mpis.py.
 
-Every cluster here uses the prefix "c8t" (never the default "c8", which others may be using)."""
+Every cluster here uses the prefix PREFIX, "c8t" and four hex digits of the test process's id:
+never the default "c8", which others may be using, and not another test run's (a second run on
+the machine would take this one's clusters down as it brings up its own)."""
 import json
 import os
 import re
@@ -22,7 +24,7 @@ from tests.engine.trainer_util import write_solver
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-PREFIX = "c8t"
+PREFIX = f"c8t{os.getpid() % 0x10000:04x}"
 MiB = 1 << 20
 
 
@@ -218,7 +220,8 @@ def netns_ok():
 
 @pytest.fixture
 def make_cluster(netns_ok):
-    """make_cluster(nodes, rate) → an up cluster of prefix c8t, torn down after the test."""
+    """make_cluster(nodes, rate, **link) → an up cluster of prefix PREFIX, torn down after the
+    test."""
     made = []
 
     def make(nodes=2, rate="1gbit", **link):

@@ -3,7 +3,7 @@ or with a bad rate, what ``down`` says it removed, the command after ``--`` reac
 given, then (skipped where network namespaces cannot be made) the one-shot ``run``'s exit
 status and its teardown, also on Ctrl-C and SIGTERM.
 
-Every cluster here uses the prefix "c8t" (never the default "c8", which others may be using)."""
+Every cluster here uses test_cluster's PREFIX (never the default "c8", nor another test run's)."""
 import json
 import os
 import signal
@@ -147,7 +147,7 @@ def test_ctrl_c_or_sigterm_tears_the_one_shot_cluster_down(netns_ok, sig):
     try:
         deadline, job = time.monotonic() + 30, []
         while time.monotonic() < deadline and proc.poll() is None:
-            # the cluster is up (c8t-n0 listed) and the job's sleep runs on node 1 (not just
+            # the cluster is up (PREFIX-n0 listed) and the job's sleep runs on node 1 (not just
             # one of up's tc commands)
             if f"{PREFIX}-n0" in _netns() and any(
                     _cmdline(p).startswith("sleep\0") for p in _pids(f"{PREFIX}-n1")):
