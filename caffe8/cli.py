@@ -190,7 +190,7 @@ def main(argv=None):
 
 def _launch_rank():
     """This process's rank as the process manager tells it (before MPI is initialised)."""
-    for var in ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK"):
+    for var in ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID"):
         if os.environ.get(var, "").isdigit():
             return int(os.environ[var])
     return 0

@@ -295,9 +295,11 @@ def _shaping(ns, dev, rate_bps, delay="", jitter="", loss=0.0):
     qdisc = tc + ["qdisc", "replace", "dev", dev]
     cmds, parent = [], ["root"]
     if loss:
-        # The HTB classes never limit (4x the link's rate): the token bucket below shapes, as
-        # on a clean link; class 1:2's FIFO holds no packet, so whatever enters it is dropped.
-        htb = ["htb", "rate", f"{int(4 * rate_bps)}bit", "quantum", "200000"]
+        # The HTB classes never limit (4x the link's rate and bucket; HTB's own default
+        # bucket rounds to 0 bytes at tens of Gbit/s): the token bucket below shapes, as on a
+        # clean link. Class 1:2's FIFO holds no packet, so whatever enters it is dropped.
+        htb = ["htb", "rate", f"{int(4 * rate_bps)}bit", "burst", str(4 * burst), "cburst",
+               str(4 * burst), "quantum", "200000"]
         cmds += [qdisc + ["root", "handle", "1:", "htb", "default", "1"],
                  tc + ["class", "add", "dev", dev, "parent", "1:", "classid", "1:1"] + htb,
                  tc + ["class", "add", "dev", dev, "parent", "1:", "classid", "1:2"] + htb,

@@ -15,7 +15,10 @@ Module-level imports stay light: ``caffe8.cli`` imports this module before NumPy
 """
 import os
 
-_MPI_SIZE_VARS = ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MPI_LOCALNRANKS", "PMIX_SIZE")
+# SLURM_STEP_NUM_TASKS: srun --mpi=pmix sets no size variable of MPI's (Open MPI's ranks see
+# only PMIX_RANK and Slurm's own); a batch script's step has 1
+_MPI_SIZE_VARS = ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MPI_LOCALNRANKS", "PMIX_SIZE",
+                  "SLURM_STEP_NUM_TASKS")
 
 
 def launched_by_mpiexec():

@@ -166,14 +166,14 @@ def test_version_is_the_packages():
 
 @pytest.mark.mpi
 def test_the_across_nodes_command_runs(tmp_path):
-    """The "Across nodes" command as a new user runs it (as root, from a fresh folder with the
+    """The "On a cluster" command as a new user runs it (as root, from a fresh folder with the
     quick start's venv): digits trained on 2 emulated nodes. Under a namespace prefix of its own,
     so that a cluster the user has up is left alone; skipped where namespaces cannot be made."""
     from caffe8.cluster import EmulatedCluster, available
     ok, why = available()
     if not ok:
         pytest.skip(why)
-    line = _block(r"## Across nodes").splitlines()[0].split("#")[0]
+    line = _block(r"## On a cluster").splitlines()[0].split("#")[0]
     words = line.split()
     assert words[:3] == [".venv/bin/caffe8", "cluster", "run"], line
     argv = [sys.executable, "-m", "caffe8.cli", "cluster", "run", "--prefix", "c8r"]

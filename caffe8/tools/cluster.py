@@ -17,6 +17,7 @@ Everything after ``cluster`` reaches the tool unparsed (``RAW_ARGUMENTS``): the 
 ``--`` is run exactly as given, its Caffe-style ``-flags`` included.
 """
 import argparse
+import signal
 import sys
 
 NAME = "cluster"
@@ -78,11 +79,20 @@ def parser():
 def run(args):
     ap = parser()
     opts = ap.parse_args(args.rest)
+    # SIGTERM (timeout(1), a batch system) ends the tool as Ctrl-C does, through the clean-up
+    # that kills the job; by default it would end Python at once and leave the job running
+    before = signal.signal(signal.SIGTERM, _interrupt)
     try:
         return _dispatch(opts, ap)
     except KeyboardInterrupt:
         print("caffe8 cluster: interrupted", file=sys.stderr)
         return 130
+    finally:
+        signal.signal(signal.SIGTERM, before)
+
+
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt
 
 
 def _dispatch(args, ap):

@@ -149,3 +149,19 @@ def test_async_exchange_gives_way_when_its_threads_would_take_compute_cores(
         assert sync.asynchronous is False and len(lines) == int(synchronous)    # no 2nd line
     finally:
         sync.close()
+
+
+@pytest.mark.parametrize("env, launched", [
+    ({}, False), ({"PMI_SIZE": "2"}, True), ({"OMPI_COMM_WORLD_SIZE": "4"}, True),
+    ({"PMI_SIZE": "1"}, False),
+    # srun --mpi=pmix (Open MPI): only Slurm's count says there are several ranks
+    ({"PMIX_RANK": "1", "SLURM_STEP_NUM_TASKS": "4"}, True),
+    ({"SLURM_STEP_NUM_TASKS": "1", "SLURM_NTASKS": "4"}, False),  # a batch script's own step
+])
+def test_launched_by_mpiexec_reads_every_process_manager(monkeypatch, env, launched):
+    from caffe8.wiring import _MPI_SIZE_VARS, launched_by_mpiexec
+    for var in _MPI_SIZE_VARS + ("SLURM_NTASKS", "PMIX_RANK"):
+        monkeypatch.delenv(var, raising=False)
+    for var, value in env.items():
+        monkeypatch.setenv(var, value)
+    assert launched_by_mpiexec() is launched

@@ -1,9 +1,9 @@
 """``caffe8 cluster``, the command line of caffe8.cluster: one error line for a user without root
 or with a bad rate, what ``down`` says it removed, the command after ``--`` reaching mpiexec as
 given, then (skipped where network namespaces cannot be made) the one-shot ``run``'s exit
-status and its teardown, also on Ctrl-C.
+status and its teardown, also on Ctrl-C and SIGTERM.
 
-Every cluster here uses the prefix "c8t" (never the default "c8", which others may be using)."""
+Every cluster here uses test_cluster's PREFIX (never the default "c8", nor another test run's)."""
 import json
 import os
 import signal
@@ -134,7 +134,10 @@ def test_one_shot_run_returns_the_jobs_status_and_leaves_nothing(netns_ok):
 
 @pytest.mark.mpi
 @pytest.mark.timeout(90)
-def test_ctrl_c_tears_the_one_shot_cluster_down(netns_ok):
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_ctrl_c_or_sigterm_tears_the_one_shot_cluster_down(netns_ok, sig):
+    """Ctrl-C, or SIGTERM as timeout(1) or a batch system sends it: the job is killed and the
+    cluster removed, not left running behind a Python that ended."""
     cmd = [sys.executable, "-m", "caffe8.cli", "cluster", "run", "--nodes", "2", "--rate",
            "1gbit", "--prefix", PREFIX, "--", "sleep", "60"]
     # SIGINT as a terminal's Ctrl-C would deliver it, even where the test runner ignores it
@@ -144,7 +147,7 @@ def test_ctrl_c_tears_the_one_shot_cluster_down(netns_ok):
     try:
         deadline, job = time.monotonic() + 30, []
         while time.monotonic() < deadline and proc.poll() is None:
-            # the cluster is up (c8t-n0 listed) and the job's sleep runs on node 1 (not just
+            # the cluster is up (PREFIX-n0 listed) and the job's sleep runs on node 1 (not just
             # one of up's tc commands)
             if f"{PREFIX}-n0" in _netns() and any(
                     _cmdline(p).startswith("sleep\0") for p in _pids(f"{PREFIX}-n1")):
@@ -152,7 +155,7 @@ def test_ctrl_c_tears_the_one_shot_cluster_down(netns_ok):
                 break
             time.sleep(0.1)
         assert job, f"the job never started: {proc.poll()}"
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(sig)
         out, err = proc.communicate(timeout=15)
         assert proc.returncode == 130, (out, err)
         assert err.endswith("caffe8 cluster: interrupted\n"), err
