@@ -337,30 +337,85 @@ def matmul(a, b, out=None, accumulate=False):
 
     Host float32/float64 operands of at least two axes go to caffe8's OpenBLAS (broadcast
     batch axes: one GEMM per 2-D product; accumulation through BLAS's beta = 1, as Caffe
-    accumulates weight gradients); everything else to NumPy.
+    accumulates weight gradients); everything else to NumPy. How a product of given shapes,
+    strides and dtype runs (its layout arguments and blocks, :class:`_Plan`) is worked out once
+    and kept: a small net's products cost little more than the GEMM call itself.
     """
     if accumulate and out is None:
         raise ValueError("matmul(accumulate=True) needs out")
-    state = _load()
-    if not _eligible(state, a, b, out):
+    state = _state if _state is not None else _load()
+    if out is None or state[0] is None or type(a) is not numpy.ndarray or \
+            type(b) is not numpy.ndarray or type(out) is not numpy.ndarray:
+        return _matmul_new_out(state, a, b, out, accumulate)
+    key = (a.dtype, b.dtype, out.dtype, accumulate, partition(), a.shape, a.strides, b.shape,
+           b.strides, out.shape, out.strides)
+    plan = _plans.get(key, _UNPLANNED)
+    if plan is _UNPLANNED:
+        if len(_plans) >= _MAX_PLANS:       # shapes that keep changing: start again
+            _plans.clear()
+        plan = _plans[key] = _plan(state, a, b, out, accumulate)
+    if plan is None or not out.flags.writeable or numpy.may_share_memory(out, a) or \
+            numpy.may_share_memory(out, b):
         return _numpy_matmul(a, b, out, accumulate)
+    plan.run(a.ctypes.data, b.ctypes.data, out.ctypes.data)
+    return out
+
+
+def _matmul_new_out(state, a, b, out, accumulate):
+    """matmul without a given ``out`` (or of arrays BLAS cannot take): the output made here."""
+    if out is not None or not _eligible(state, a, b, out):
+        return _numpy_matmul(a, b, out, accumulate)
+    try:
+        batch = numpy.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+    except ValueError:
+        return _numpy_matmul(a, b, out, accumulate)     # NumPy raises its own error
+    out = numpy.empty(batch + (a.shape[-2], b.shape[-1]), a.dtype)
+    return matmul(a, b, out, accumulate)
+
+
+_UNPLANNED = object()
+#: (dtypes, accumulate, partition, shapes and strides of a, b, out) -> _Plan, or None: NumPy's
+_plans = {}
+_MAX_PLANS = 4096
+
+
+class _Plan:
+    """One product's GEMM calls for operands of fixed shapes and strides: the layout arguments
+    and each block's byte offsets from the three base pointers (``blocks``: rows, cols, offset
+    in a, in b, in out)."""
+
+    def __init__(self, gemm, layout, m, n, k, beta, blocks):
+        self.gemm, self.m, self.n, self.k, self.beta = gemm, m, n, k, beta
+        (self.ta, self.lda), (self.tb, self.ldb), self.ldc = layout
+        self.blocks = blocks
+        self.single = len(blocks) == 1 and blocks[0][2:] == (0, 0, 0)
+
+    def run(self, pa, pb, pc):
+        if self.single:                 # one call, as a plain product
+            self.gemm(_ROW_MAJOR, self.ta, self.tb, self.m, self.n, self.k, 1.0, pa, self.lda,
+                      pb, self.ldb, self.beta, pc, self.ldc)
+            return
+        args = (_ROW_MAJOR, self.ta, self.tb)
+        _run_blocks(self.gemm, [args + (mi, ni, self.k, 1.0, pa + oa, self.lda, pb + ob,
+                                        self.ldb, self.beta, pc + oc, self.ldc)
+                                for mi, ni, oa, ob, oc in self.blocks])
+
+
+def _plan(state, a, b, out, accumulate):
+    """The :class:`_Plan` of ``out (+)= a @ b`` for these shapes and strides, or None when the
+    product goes to NumPy (another dtype, a layout BLAS cannot take, a shape NumPy rejects)."""
+    if not _eligible(state, a, b, out):
+        return None
     m, k = a.shape[-2:]
     n = b.shape[-1]
     try:
         batch = numpy.broadcast_shapes(a.shape[:-2], b.shape[:-2])
     except ValueError:
-        return _numpy_matmul(a, b, out, accumulate)     # NumPy raises its own error
-    if out is None:
-        out = numpy.empty(batch + (m, n), a.dtype)
-    elif out.shape != batch + (m, n) or numpy.may_share_memory(out, a) or \
-            numpy.may_share_memory(out, b):
-        return _numpy_matmul(a, b, out, accumulate)
-    if m == 0 or n == 0:
-        return out
-    if k == 0:
-        if not accumulate:
-            out[...] = 0
-        return out
+        return None
+    if out.shape != batch + (m, n):
+        return None
+    if m == 0 or n == 0 or k == 0:      # NumPy's result (nothing, or zeros) is BLAS's
+        return None
     a_b = numpy.broadcast_to(a, batch + (m, k))
     b_b = numpy.broadcast_to(b, batch + (k, n))
     first = (0,) * len(batch)
@@ -368,30 +423,20 @@ def matmul(a, b, out=None, accumulate=False):
     # data pointers by the batch strides (broadcast axes have stride 0)
     layout = _gemm_args(a_b[first], b_b[first], out[first])
     if layout is None:
-        return _numpy_matmul(a, b, out, accumulate)
-    (ta, lda), (tb, ldb), ldc = layout
-    gemm = state[1][a.dtype]
-    beta = 1.0 if accumulate else 0.0
-    pa, pb, pc = (x.__array_interface__["data"][0] for x in (a_b, b_b, out))
+        return None
     sa, sb, sc = (x.strides[-2:] for x in (a_b, b_b, out))
     steps = [x.strides[:-2] for x in (a_b, b_b, out)]
     items = 1
     for d in batch:
         items *= d
-    parts = _blocks(m, n, k, items, partition())
-    if items == 1 and len(parts) == 1:      # one call, as a plain product
-        gemm(_ROW_MAJOR, ta, tb, m, n, k, 1.0, pa, lda, pb, ldb, beta, pc, ldc)
-        return out
     blocks = []
     for i in numpy.ndindex(*batch):
         oa, ob, oc = (sum(j * st for j, st in zip(i, st_)) for st_ in steps)
-        for (r0, r1), (c0, c1) in parts:
+        for (r0, r1), (c0, c1) in _blocks(m, n, k, items, partition()):
             # rows r0:r1 of a, columns c0:c1 of b, that block of the output
-            blocks.append((_ROW_MAJOR, ta, tb, r1 - r0, c1 - c0, k, 1.0,
-                           pa + oa + r0 * sa[0], lda, pb + ob + c0 * sb[1], ldb, beta,
-                           pc + oc + r0 * sc[0] + c0 * sc[1], ldc))
-    _run_blocks(gemm, blocks)
-    return out
+            blocks.append((r1 - r0, c1 - c0, oa + r0 * sa[0], ob + c0 * sb[1],
+                           oc + r0 * sc[0] + c0 * sc[1]))
+    return _Plan(state[1][a.dtype], layout, m, n, k, 1.0 if accumulate else 0.0, tuple(blocks))
 
 
 def _eligible(state, a, b, out):

@@ -179,6 +179,7 @@ class Kernels:
         self.enabled = os.environ.get(env, "").lower() != "numpy"
         self._lib = self._file = None
         self._loaded = False
+        self._functions = {}      # (name, dtype) -> the bound C function
 
     def _load(self):
         self._loaded = True
@@ -210,15 +211,23 @@ class Kernels:
         if not self._loaded:
             self._load()
         dtype = arrays[0].dtype
-        return self._lib is not None and dtype in self.SUFFIX and all(
-            type(a) is numpy.ndarray and a.dtype == dtype and a.flags.c_contiguous
-            for a in arrays)
+        if self._lib is None or dtype not in self.SUFFIX:
+            return False
+        for a in arrays:
+            if type(a) is not numpy.ndarray or a.dtype != dtype or not a.flags.c_contiguous:
+                return False
+        return True
 
     def kernel(self, name, *arrays):
         """The C function ``name`` for ``arrays``' dtype, or None (``enabled_for`` says no)."""
         if not self.enabled_for(*arrays):
             return None
-        return getattr(self._lib, f"{self.prefix}{name}_{self.SUFFIX[arrays[0].dtype]}")
+        key = (name, arrays[0].dtype)
+        fn = self._functions.get(key)
+        if fn is None:
+            fn = self._functions[key] = getattr(
+                self._lib, f"{self.prefix}{name}_{self.SUFFIX[arrays[0].dtype]}")
+        return fn
 
     def run(self, name, arrays, *args):
         """Call kernel ``name`` (chosen by the dtype of ``arrays``, every array it touches) with
@@ -227,5 +236,5 @@ class Kernels:
         fn = self.kernel(name, *arrays)
         if fn is None:
             return False
-        fn(*(a.ctypes.data if isinstance(a, numpy.ndarray) else a for a in args))
+        fn(*[a.ctypes.data if isinstance(a, numpy.ndarray) else a for a in args])
         return True
