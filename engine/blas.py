@@ -47,6 +47,7 @@ import threading
 import numpy
 
 from caffe8.engine import cpu_share
+from caffe8.engine.native import address
 
 BLAS_ENV = "CAFFE8_BLAS"                   # "openblas" (default) or "numpy"
 CORETYPE_ENV = "CAFFE8_OPENBLAS_CORETYPE"  # pins caffe8's OpenBLAS (e.g. Haswell, SkylakeX)
@@ -357,7 +358,7 @@ def matmul(a, b, out=None, accumulate=False):
     if plan is None or not out.flags.writeable or numpy.may_share_memory(out, a) or \
             numpy.may_share_memory(out, b):
         return _numpy_matmul(a, b, out, accumulate)
-    plan.run(a.ctypes.data, b.ctypes.data, out.ctypes.data)
+    plan.run(address(a), address(b), address(out))
     return out
 
 

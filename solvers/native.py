@@ -13,7 +13,7 @@ import os
 
 import numpy
 
-from caffe8.engine.native import Kernels
+from caffe8.engine.native import Kernels, address
 
 _SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "csrc", "solver_kernels.c")
 _ABI_VERSION = 2                          # must equal C8S_ABI_VERSION in solver_kernels.c
@@ -49,8 +49,8 @@ def sgd_update(w, g, h, starts, counts, rates, decays, inv_size, momentum):
     fn = _KERNELS.kernel("sgd_update", w, g, h, rates, decays)
     if fn is None or starts.dtype != numpy.int64 or counts.dtype != numpy.int64:
         return False
-    fn(w.ctypes.data, g.ctypes.data, h.ctypes.data, starts.ctypes.data, counts.ctypes.data,
-       rates.ctypes.data, decays.ctypes.data, len(starts), inv_size is not None,
+    fn(address(w), address(g), address(h), address(starts), address(counts), address(rates),
+       address(decays), len(starts), inv_size is not None,
        1 if inv_size is None else inv_size, momentum)
     return True
 
@@ -58,4 +58,4 @@ def sgd_update(w, g, h, starts, counts, rates, decays, inv_size, momentum):
 def all_finite(x):
     """True/False: every element finite; None when the C path does not apply."""
     fn = _KERNELS.kernel("all_finite", x)
-    return None if fn is None else bool(fn(x.ctypes.data, x.size))
+    return None if fn is None else bool(fn(address(x), x.size))
