@@ -50,15 +50,21 @@ def paused_gc():
 
 
 class Message:
-    """A parsed protobuf message of schema type ``type_name``."""
+    """A parsed protobuf message of schema type ``type_name``.
 
-    __slots__ = ("_type", "_values", "_locs", "_where", "_parent", "_unset")
+    The set fields live in ``_values``, which is also the instance's ``__dict__``: reading a
+    set field is then Python's plain attribute lookup, and only an unset one reaches
+    ``__getattr__`` (which on Python 3.11 first builds the AttributeError message it replaces:
+    ~6,500 instructions a read, 12 % of a small net's training step). No schema field is named
+    like a method of this class (tests/engine/test_prototxt.py)."""
+
+    __slots__ = ("__dict__", "_type", "_values", "_locs", "_where", "_parent", "_unset")
 
     def __init__(self, type_name, where="<memory>"):
         if type_name not in SCHEMA:
             raise KeyError(f"unknown message type {type_name}")
         object.__setattr__(self, "_type", type_name)
-        object.__setattr__(self, "_values", {})
+        object.__setattr__(self, "_values", self.__dict__)
         object.__setattr__(self, "_locs", {})
         object.__setattr__(self, "_where", where)
         # An unset message field reads as a default Message linked to its parent; writing into
@@ -165,6 +171,7 @@ class Message:
             elif type(v) is Message:
                 v = v.copy()
             values[k] = v
+        _set(m, "__dict__", values)
         _set(m, "_values", values)
         return m
 

@@ -114,3 +114,20 @@ def test_locations_worked_out_on_demand_match_the_text():
         _, line, col = layer.location().rsplit(":", 2)
         assert text.splitlines()[int(line) - 1][int(col) - 1] == "{"
     assert m.location("name") == "deep.prototxt:1:1"
+
+
+def test_set_fields_are_plain_attributes_and_no_field_hides_a_method():
+    """A Message keeps its set fields in its ``__dict__`` (a read is a plain attribute lookup,
+    not ``__getattr__``): no field of the schema may be named like a method or attribute of
+    the class, which a set field would hide; copies keep the two one dict."""
+    from caffe8.engine.message import Message
+    from caffe8.engine.schema import SCHEMA
+    fields = {name for spec in SCHEMA.values() for name in spec}
+    assert not fields & set(dir(Message))
+    m = parse_text('base_lr: 0.5 comm { codec: "fp8" }', "s.prototxt", "SolverParameter")
+    c = m.copy()
+    for msg in (m, c):
+        assert msg.__dict__ is msg._values and msg.__dict__["base_lr"] == 0.5
+        assert msg.momentum == 0.0 and not msg.has("momentum") and msg.comm.codec == "fp8"
+    c.base_lr = 0.25
+    assert (m.base_lr, c.base_lr) == (0.5, 0.25)
