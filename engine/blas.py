@@ -32,21 +32,21 @@ blocks chosen from the shapes and the run's *partition* (:func:`_blocks`: per im
 product, else along the output's longer side in aligned pieces), a count fixed when the run
 starts — its thread limit — and recorded in its snapshots, so that a resumed run splits alike
 (:func:`set_partition`). ``threads()`` workers, which follow the free cores between iterations,
-take the blocks from a shared counter (ctypes releases the GIL): any worker count gives the same
-bits. Few, large blocks: OpenBLAS packs each block's operands again, so 16 blocks of LeNet's
+take the blocks from a shared counter: threads of a C pool, the whole product one ctypes call
+(``engine.gemm_pool``; Python threads where that library is missing): any worker count gives
+the same bits. Few, large blocks: OpenBLAS packs each block's operands again, so 16 blocks of LeNet's
 conv2 cost 33 % more than one product.
 """
 import contextlib
 import ctypes
 import functools
 import importlib.util
-import itertools
 import os
 import threading
 
 import numpy
 
-from caffe8.engine import cpu_share
+from caffe8.engine import cpu_share, gemm_pool
 from caffe8.engine.native import address
 
 BLAS_ENV = "CAFFE8_BLAS"                   # "openblas" (default) or "numpy"
@@ -221,61 +221,6 @@ def adapt_threads():
         _threads = _budget.poll()
 
 
-class _Helper:
-    """A GEMM worker thread: ``start(job)`` hands it a function, ``join()`` waits for it. Plain
-    locks as the handoff (the cheapest wake-up CPython has; a Future costs ~0.1 ms a product)."""
-
-    def __init__(self, index):
-        self._go, self._done = threading.Lock(), threading.Lock()
-        self._go.acquire()
-        self._done.acquire()
-        self._job = None
-        threading.Thread(target=self._loop, name=f"caffe8-gemm-{index}", daemon=True).start()
-
-    def _loop(self):
-        while True:
-            self._go.acquire()
-            try:
-                self._job()
-            finally:
-                self._done.release()
-
-    def start(self, job):
-        self._job = job
-        self._go.release()
-
-    def join(self):
-        self._done.acquire()
-
-
-_helpers = []
-
-
-def _run_blocks(gemm, blocks):
-    """Each block ``gemm(*args)`` once, on ``threads()`` workers taking them in turn (the
-    calling thread is one of them)."""
-    workers = min(threads(), len(blocks))
-    if workers <= 1:
-        for args in blocks:
-            gemm(*args)
-        return
-    while len(_helpers) < workers - 1:
-        _helpers.append(_Helper(len(_helpers)))
-    order = itertools.count()
-    count = len(blocks)
-
-    def work():
-        i = next(order)
-        while i < count:
-            gemm(*blocks[i])
-            i = next(order)
-    for helper in _helpers[:workers - 1]:
-        helper.start(work)
-    work()
-    for helper in _helpers[:workers - 1]:
-        helper.join()
-
-
 def _split(length, pieces):
     """``pieces`` ranges covering ``range(length)``, edges on multiples of BLOCK_ALIGN."""
     step = -(-length // pieces)
@@ -383,23 +328,34 @@ _MAX_PLANS = 4096
 class _Plan:
     """One product's GEMM calls for operands of fixed shapes and strides: the layout arguments
     and each block's byte offsets from the three base pointers (``blocks``: rows, cols, offset
-    in a, in b, in out)."""
+    in a, in b, in out), also as the int64 array the C pool reads (``engine.gemm_pool``)."""
 
-    def __init__(self, gemm, layout, m, n, k, beta, blocks):
+    def __init__(self, gemm, layout, m, n, k, beta, blocks, dtype):
         self.gemm, self.m, self.n, self.k, self.beta = gemm, m, n, k, beta
         (self.ta, self.lda), (self.tb, self.ldb), self.ldc = layout
         self.blocks = blocks
         self.single = len(blocks) == 1 and blocks[0][2:] == (0, 0, 0)
+        self.array = numpy.array([0 if dtype == numpy.float32 else 1, self.ta, self.tb, k,
+                                  self.lda, self.ldb, self.ldc, int(beta), len(blocks)]
+                                 + [v for block in blocks for v in block], dtype=numpy.int64)
+        self.address = address(self.array)
+        self.gemm_address = gemm_pool.function_address(gemm)
 
     def run(self, pa, pb, pc):
+        pool = gemm_pool.call()
+        if pool is not None:
+            pool(self.gemm_address, self.address, pa, pb, pc,
+                 1 if self.single else threads())
+            return
         if self.single:                 # one call, as a plain product
             self.gemm(_ROW_MAJOR, self.ta, self.tb, self.m, self.n, self.k, 1.0, pa, self.lda,
                       pb, self.ldb, self.beta, pc, self.ldc)
             return
         args = (_ROW_MAJOR, self.ta, self.tb)
-        _run_blocks(self.gemm, [args + (mi, ni, self.k, 1.0, pa + oa, self.lda, pb + ob,
-                                        self.ldb, self.beta, pc + oc, self.ldc)
-                                for mi, ni, oa, ob, oc in self.blocks])
+        gemm_pool.run_blocks(self.gemm, [args + (mi, ni, self.k, 1.0, pa + oa, self.lda,
+                                                 pb + ob, self.ldb, self.beta, pc + oc,
+                                                 self.ldc)
+                                         for mi, ni, oa, ob, oc in self.blocks], threads())
 
 
 def _plan(state, a, b, out, accumulate):
@@ -437,7 +393,8 @@ def _plan(state, a, b, out, accumulate):
             # rows r0:r1 of a, columns c0:c1 of b, that block of the output
             blocks.append((r1 - r0, c1 - c0, oa + r0 * sa[0], ob + c0 * sb[1],
                            oc + r0 * sc[0] + c0 * sc[1]))
-    return _Plan(state[1][a.dtype], layout, m, n, k, 1.0 if accumulate else 0.0, tuple(blocks))
+    return _Plan(state[1][a.dtype], layout, m, n, k, 1.0 if accumulate else 0.0, tuple(blocks),
+                 a.dtype)
 
 
 def _eligible(state, a, b, out):
