@@ -21,7 +21,7 @@ import numpy
 from caffe8.engine import backend, model_io, net_hdf5
 from caffe8.engine.blob import Blob
 from caffe8.engine.errors import CaffeError, LayerError
-from caffe8.engine.layer import check_layer_types, create_layer
+from caffe8.engine.layer import blob_shapes, check_layer_types, create_layer
 from caffe8.engine.net_graph import filter_net, insert_splits, upgrade_net_input
 from caffe8.engine.message import paused_gc
 from caffe8.engine.prototxt import Message, parse_file, to_text
@@ -497,7 +497,10 @@ class Net:
             layer, bottom, top = layers[i], bottoms[i], tops[i]
             for fn in before:
                 fn(i, layer)
-            self._reshape(layer, bottom, top)
+            seen = layer.shapes_seen
+            if seen is None or seen != blob_shapes(bottom, top) or \
+                    not getattr(layer.reshape, "from_shapes", False):
+                self._reshape(layer, bottom, top)
             layer.forward(bottom, top)
             for blob in top:
                 blob.touch()

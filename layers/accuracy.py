@@ -5,7 +5,7 @@ true class included) is <= top_k. top[0] (0-axis) = correct / non-ignored positi
 there are none; optional top[1] (C,) = per-class accuracy (0 for classes never seen).
 """
 from caffe8.engine import backend
-from caffe8.engine.layer import Layer, register_layer
+from caffe8.engine.layer import Layer, from_shapes, register_layer
 from caffe8.layers.axes import canonical_axis
 from caffe8.layers.loss_common import (check_label_range, class_geometry, int_labels, one_hot,
                                        valid_positions)
@@ -26,6 +26,7 @@ class AccuracyLayer(Layer):
     def allow_force_backward(self, bottom_index):
         return False
 
+    @from_shapes
     def reshape(self, bottom, top):
         self.axis = canonical_axis(self, self.class_axis, bottom[0].num_axes)
         self.geom = class_geometry(self, bottom[0].shape, self.axis, bottom[1].count)

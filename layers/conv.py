@@ -12,7 +12,7 @@ code.
 import numpy
 
 from caffe8.engine import backend
-from caffe8.engine.layer import Layer, register_layer
+from caffe8.engine.layer import Layer, from_shapes, register_layer
 from caffe8.layers import cudnn_conv, native
 from caffe8.layers.im2col import col2im, conv_out_size, im2col
 
@@ -118,6 +118,7 @@ class ConvolutionLayer(Layer):
                              f"padded input {[s + 2 * q for s, q in zip(spatial, self.pad)]}")
         return tuple(out)
 
+    @from_shapes
     def reshape(self, bottom, top):
         shape = bottom[0].shape
         for b in bottom[1:]:

@@ -11,7 +11,7 @@ page faults than the GEMM.
 """
 
 from caffe8.engine import backend
-from caffe8.engine.layer import Layer, register_layer
+from caffe8.engine.layer import Layer, from_shapes, register_layer
 from caffe8.layers.axes import canonical_axis, count
 
 
@@ -33,6 +33,7 @@ class InnerProductLayer(Layer):
         if p.bias_term:
             self.make_param((self.num_output,), p.bias_filler)
 
+    @from_shapes
     def reshape(self, bottom, top):
         shape = bottom[0].shape
         k = count(shape, self.axis)

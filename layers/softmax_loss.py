@@ -8,7 +8,7 @@ Backward: dx = (p - onehot) · top[0].diff / normalizer, 0 at ignored positions;
 take a gradient.
 """
 from caffe8.engine import backend
-from caffe8.engine.layer import Layer, register_layer
+from caffe8.engine.layer import Layer, from_shapes, register_layer
 from caffe8.layers.axes import canonical_axis
 from caffe8.layers.loss_common import (check_label_range, class_geometry, int_labels, one_hot,
                                        valid_positions)
@@ -87,6 +87,7 @@ class SoftmaxWithLossLayer(Layer):
     def allow_force_backward(self, bottom_index):
         return bottom_index != 1
 
+    @from_shapes
     def reshape(self, bottom, top):
         reshape_class_loss(self, bottom, top, self.class_axis)
 
