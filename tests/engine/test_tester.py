@@ -104,3 +104,31 @@ def test_time_runs_every_layers_backward_on_a_deploy_net(monkeypatch):
     assert calls == {"Convolution": 3, "ReLU": 3, "InnerProduct": 3, "Softmax": 3}
     assert len(bwd) == 5 and bwd[1] > 0 and bwd[3] > 0
     assert any(line.startswith("Average Backward pass: ") for line in lines)
+
+
+def test_time_reports_the_nets_own_pass_beside_the_layers(monkeypatch):
+    """After Caffe's lines, ``time`` runs as many passes through the Net itself and says how
+    much of such a pass lies outside the layers' calls (the difference of the two averages);
+    on a GPU each layer's host time follows (here the GPU branch with the host times given)."""
+    import re
+    from caffe8.engine import tester
+    lines = []
+    tester.run_time(parse_text(DEPLOY, "deploy.prototxt"), 2, lines.append, phase="TEST")
+    text = "\n".join(lines)
+    layers = float(re.search(r"Average Forward-Backward: ([0-9.e-]+) ms", text).group(1))
+    found = re.search(r"Average Forward-Backward through the Net: ([0-9.e-]+) ms "
+                      r"\((-?[0-9.e-]+) ms outside the layers' calls\)", text)
+    assert found and float(found.group(1)) > 0
+    assert float(found.group(2)) == pytest.approx(float(found.group(1)) - layers, rel=1e-4,
+                                                  abs=1e-3)
+    assert lines.index(found.group(0) + ".") < len(lines) - 2    # before Total Time
+    assert "host forward" not in text                            # the host is the device here
+    net = Net(parse_text(DEPLOY, "deploy.prototxt"), phase="TEST")
+    monkeypatch.setattr(tester.backend, "on_gpu", lambda: True)
+    monkeypatch.setattr(tester, "net_pass_ms", lambda net, iterations: 7.0)
+    gpu = []
+    host = numpy.arange(2 * len(net.layers), dtype=float).reshape(2, -1)
+    tester._log_framework_cost(net, 2, 5.0, host, gpu.append)
+    assert gpu[0] == "Average Forward-Backward through the Net: 7 ms (2 ms outside the layers' calls)."
+    assert gpu[3].endswith("host forward: 1 ms, host backward: 6 ms.")   # layer 1: n + 1
+    assert gpu[-1] == f"Average host time of the layers: {tester.fmt(host.sum())} ms."
