@@ -15,7 +15,7 @@ import numpy
 from caffe8.engine.native import Kernels
 
 _SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "csrc", "layer_kernels.c")
-_ABI_VERSION = 1                          # must equal C8L_ABI_VERSION in layer_kernels.c
+_ABI_VERSION = 2                          # must equal C8L_ABI_VERSION in layer_kernels.c
 #: as in setup.py: no -march (one build for every x86-64), no FMA contraction (NumPy's rounding)
 CFLAGS = ["-O3", "-std=c99", "-fno-trapping-math", "-ffp-contract=off"]
 _P = ctypes.c_void_p
@@ -38,6 +38,9 @@ def _signatures(real):
         "relu_fwd": [_P, _I, real, _P],
         "relu_bwd": [_P, _P, _I, real, _P],
         "dropout_fwd": [_P, _P, _I, real, real, _P, _P],
+        "dwconv_fwd": [_P, _P] + geometry[:14] + [_P],
+        "dwconv_bwd": [_P, _P] + geometry[:14] + [_P],
+        "dwconv_wgrad": [_P, _P] + geometry[:14] + [_P],
     }.items()}
 
 
@@ -74,6 +77,28 @@ def col2im_2d(cols, x_shape, kernel, pad, stride, dilation, out_hw, dx, per_imag
     n, c, h, w = x_shape
     return _KERNELS.run("col2im", (cols, dx), cols, n, c, h, w, *kernel, *pad, *stride,
                         *dilation, *out_hw, *_col_strides(n, c, kernel, out_hw, per_image), dx)
+
+
+def _depthwise(name, a, b, out, x_shape, kernel, pad, stride, dilation, out_hw):
+    n, c, h, w = x_shape
+    return _KERNELS.run(name, (a, b, out), a, b, n, c, h, w, *kernel, *pad, *stride, *dilation,
+                        *out_hw, out)
+
+
+def depthwise_forward(x, w, kernel, pad, stride, dilation, out_hw, y):
+    """y (N, C, OH, OW) = the depthwise convolution of x (N, C, H, W) with w (C, 1, KH, KW)
+    (group = channels = outputs), overwritten. False when the C path does not apply."""
+    return _depthwise("dwconv_fwd", x, w, y, x.shape, kernel, pad, stride, dilation, out_hw)
+
+
+def depthwise_backward_data(dy, w, kernel, pad, stride, dilation, out_hw, dx):
+    """dx (N, C, H, W) = the adjoint of ``depthwise_forward`` applied to dy, overwritten."""
+    return _depthwise("dwconv_bwd", dy, w, dx, dx.shape, kernel, pad, stride, dilation, out_hw)
+
+
+def depthwise_weight_gradient(x, dy, kernel, pad, stride, dilation, out_hw, dw):
+    """dw (C, 1, KH, KW) += the weight gradient of ``depthwise_forward`` (x, dy)."""
+    return _depthwise("dwconv_wgrad", x, dy, dw, x.shape, kernel, pad, stride, dilation, out_hw)
 
 
 # --- pooling ------------------------------------------------------------------------------------

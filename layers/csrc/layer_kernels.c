@@ -23,7 +23,7 @@
  * for CaffeNet's pool1 at batch 16, see docs/history/2026-11-23.md). */
 #include "c8_kernels.h"
 
-#define C8L_ABI_VERSION 1
+#define C8L_ABI_VERSION 2
 
 C8_ABI(c8l_abi_version, C8L_ABI_VERSION)
 
@@ -284,6 +284,108 @@ KERNEL void c8l_dropout_fwd_##SUF(const T *x, const T *u, idx count, T ratio, T 
         mask[i] = m;                                                                             \
         y[i] = x[i] * m;                                                                         \
     }                                                                                            \
+}                                                                                                \
+                                                                                                 \
+/* Depthwise 2-D convolution (group = channels = outputs, MobileNet's 3x3 layers), directly:     \
+ * im2col + GEMM made one 1 x K x P product per image and channel.  Planes are (image, channel) \
+ * of x / y (N, C, H, W) / (N, C, OH, OW); w is (C, KH, KW).  Each output is a sum over the     \
+ * taps in (ki, kj) order, so the results agree with the GEMM's to rounding.                    \
+ * Forward: y = conv(x, w), overwritten. */                                                      \
+KERNEL void c8l_dwconv_fwd_##SUF(const T *x, const T *wt, idx n, idx c, idx h, idx w, idx kh,    \
+                          idx kw, idx ph, idx pw, idx sh, idx sw, idx dh, idx dw, idx oh,        \
+                          idx ow, T *y)                                                          \
+{                                                                                                \
+    for (idx p = 0; p < n * c; p++) {                                                            \
+        const T *xp = x + p * h * w, *wc = wt + (p % c) * kh * kw;                               \
+        T *yp = y + p * oh * ow;                                                                 \
+        memset(yp, 0, sizeof(T) * (size_t)(oh * ow));                                            \
+        for (idx ki = 0; ki < kh; ki++) {                                                        \
+            idx ylo, yhi;                                                                        \
+            valid_range(oh, h, sh, ph, ki * dh, &ylo, &yhi);                                     \
+            for (idx kj = 0; kj < kw; kj++) {                                                    \
+                idx xlo, xhi;                                                                    \
+                valid_range(ow, w, sw, pw, kj * dw, &xlo, &xhi);                                 \
+                const T wv = wc[ki * kw + kj];                                                   \
+                for (idx oy = ylo; oy < yhi; oy++) {                                             \
+                    const T *row = xp + (oy * sh - ph + ki * dh) * w;                            \
+                    const idx off = kj * dw - pw;                                                \
+                    T *out = yp + oy * ow;                                                       \
+                    if (sw == 1)                                                                 \
+                        for (idx ox = xlo; ox < xhi; ox++) out[ox] += wv * row[ox + off];        \
+                    else                                                                         \
+                        for (idx ox = xlo; ox < xhi; ox++) out[ox] += wv * row[ox * sw + off];   \
+                }                                                                                \
+            }                                                                                    \
+        }                                                                                        \
+    }                                                                                            \
+}                                                                                                \
+                                                                                                 \
+/* Depthwise backward-data: dx (N, C, H, W) = the adjoint of the forward applied to dy,         \
+ * overwritten; each input gathers its taps in the forward's (ki, kj, oy, ox) order. */          \
+KERNEL void c8l_dwconv_bwd_##SUF(const T *dy, const T *wt, idx n, idx c, idx h, idx w, idx kh,   \
+                          idx kw, idx ph, idx pw, idx sh, idx sw, idx dh, idx dw, idx oh,        \
+                          idx ow, T *dx)                                                         \
+{                                                                                                \
+    for (idx p = 0; p < n * c; p++) {                                                            \
+        const T *dyp = dy + p * oh * ow, *wc = wt + (p % c) * kh * kw;                           \
+        T *dxp = dx + p * h * w;                                                                 \
+        memset(dxp, 0, sizeof(T) * (size_t)(h * w));                                             \
+        for (idx ki = 0; ki < kh; ki++) {                                                        \
+            idx ylo, yhi;                                                                        \
+            valid_range(oh, h, sh, ph, ki * dh, &ylo, &yhi);                                     \
+            for (idx kj = 0; kj < kw; kj++) {                                                    \
+                idx xlo, xhi;                                                                    \
+                valid_range(ow, w, sw, pw, kj * dw, &xlo, &xhi);                                 \
+                const T wv = wc[ki * kw + kj];                                                   \
+                for (idx oy = ylo; oy < yhi; oy++) {                                             \
+                    T *row = dxp + (oy * sh - ph + ki * dh) * w;                                 \
+                    const idx off = kj * dw - pw;                                                \
+                    const T *g = dyp + oy * ow;                                                  \
+                    if (sw == 1)                                                                 \
+                        for (idx ox = xlo; ox < xhi; ox++) row[ox + off] += wv * g[ox];          \
+                    else                                                                         \
+                        for (idx ox = xlo; ox < xhi; ox++) row[ox * sw + off] += wv * g[ox];     \
+                }                                                                                \
+            }                                                                                    \
+        }                                                                                        \
+    }                                                                                            \
+}                                                                                                \
+                                                                                                 \
+/* Depthwise weight gradient: dwt (C, KH, KW) += sum over images and outputs of dy * x at each   \
+ * tap.  A row's products are summed in 8 lanes (a fixed order the compiler can vectorise),    \
+ * the rows of every image in double, then added to dwt once: the same order on every call. */  \
+KERNEL void c8l_dwconv_wgrad_##SUF(const T *x, const T *dy, idx n, idx c, idx h, idx w, idx kh,  \
+                            idx kw, idx ph, idx pw, idx sh, idx sw, idx dh, idx dw, idx oh,      \
+                            idx ow, T *dwt)                                                      \
+{                                                                                                \
+    for (idx ch = 0; ch < c; ch++)                                                               \
+        for (idx ki = 0; ki < kh; ki++) {                                                        \
+            idx ylo, yhi;                                                                        \
+            valid_range(oh, h, sh, ph, ki * dh, &ylo, &yhi);                                     \
+            for (idx kj = 0; kj < kw; kj++) {                                                    \
+                idx xlo, xhi;                                                                    \
+                valid_range(ow, w, sw, pw, kj * dw, &xlo, &xhi);                                 \
+                double total = 0;                                                                \
+                for (idx im = 0; im < n; im++) {                                                 \
+                    const T *xp = x + (im * c + ch) * h * w, *dyp = dy + (im * c + ch) * oh * ow; \
+                    for (idx oy = ylo; oy < yhi; oy++) {                                         \
+                        const T *row = xp + (oy * sh - ph + ki * dh) * w;                        \
+                        const idx off = kj * dw - pw;                                            \
+                        const T *g = dyp + oy * ow;                                              \
+                        T lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};                                    \
+                        idx ox = xlo;                                                            \
+                        for (; ox + 8 <= xhi; ox += 8)                                           \
+                            for (int l = 0; l < 8; l++)                                          \
+                                lane[l] += g[ox + l] * row[(ox + l) * sw + off];                 \
+                        for (int l = 0; ox < xhi; ox++, l++)                                     \
+                            lane[l] += g[ox] * row[ox * sw + off];                               \
+                        total += (double)(((lane[0] + lane[1]) + (lane[2] + lane[3]))            \
+                                          + ((lane[4] + lane[5]) + (lane[6] + lane[7])));        \
+                    }                                                                            \
+                }                                                                                \
+                dwt[(ch * kh + ki) * kw + kj] += (T)total;                                       \
+            }                                                                                    \
+        }                                                                                        \
 }                                                                                                \
 
 DEFINE_KERNELS(float, f32, FLT_MAX)
