@@ -48,7 +48,8 @@ setup(
                            include_dirs=_INCLUDE, optional=True),
                  Extension("caffe8.layers._layer_kernels", sources=["layers/csrc/layer_kernels.c"],
                            extra_compile_args=["-O3", "-std=c99", "-fno-trapping-math",
-                                               "-ffp-contract=off"],      # = layers.native.CFLAGS
+                                               "-ffp-contract=off", "-pthread"],  # = layers.native.CFLAGS
+                           extra_link_args=["-pthread"],
                            include_dirs=_INCLUDE, optional=True),
                  Extension("caffe8.engine._gemm_pool", sources=["engine/csrc/gemm_pool.c"],
                            extra_compile_args=["-O2", "-std=c99", "-pthread"],  # = gemm_pool.CFLAGS

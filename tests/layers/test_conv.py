@@ -499,3 +499,28 @@ def test_pointwise_weight_gradient_per_image_agrees_with_batch_columns(group, mo
     for fast, ref in zip(*diffs):
         assert numpy.abs(ref).max() > 1
         numpy.testing.assert_allclose(fast, ref, rtol=0, atol=3e-6 * numpy.abs(ref).max())
+
+
+def test_depthwise_bits_do_not_depend_on_the_thread_count():
+    """The depthwise kernels split their planes (and the weight gradient its channels) over the
+    host GEMM's worker count, each item whole on one thread: 1, 2 and 3 workers, same bits."""
+    from caffe8.engine import blas
+    rng = numpy.random.default_rng(6)
+    x = rng.standard_normal((3, 5, 17, 15)).astype(numpy.float32)
+    text = ('name: "dw" type: "Convolution" convolution_param { num_output: 5 kernel_size: 3 '
+            'pad: 1 group: 5 }')
+    results = []
+    saved = blas.threads()
+    try:
+        for workers in (1, 2, 3):
+            blas.set_num_threads(workers)
+            layer, bottom, top = build(text, [x], dtype=numpy.float32)
+            set_params(layer)
+            (y,) = forward(layer, bottom, top)
+            top[0].diff[...] = y * 0.5 - 1
+            layer.backward(top, [True], bottom)
+            results.append(b"".join(a.tobytes() for a in (y, bottom[0].diff,
+                                                         layer.blobs[0].diff)))
+    finally:
+        blas.set_num_threads(saved)
+    assert results[0] == results[1] == results[2]
