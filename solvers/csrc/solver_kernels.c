@@ -15,18 +15,20 @@ C8_ABI(c8s_abi_version, C8S_ABI_VERSION)
 /* Caffe's SGD step for one parameter, then its part of Net::Update:
  *   h = momentum * h + rate * g;   g = h;   w -= g
  * (NumPy: tmp = g * rate; h *= momentum; h += tmp; g[...] = h; w -= g). */
+#define MOMENTUM_STEPS(T, w, g, h, n, rate, momentum)                                     \
+    for (idx i = 0; i < (n); ++i) {                                                       \
+        T t = (g)[i] * (rate);                                                            \
+        T m = (h)[i] * (momentum);                                                        \
+        T v = m + t;                                                                      \
+        (h)[i] = v;                                                                       \
+        (g)[i] = v;                                                                       \
+        (w)[i] = (w)[i] - v;                                                              \
+    }
 #define SGD_MOMENTUM(NAME, T)                                                             \
     KERNEL void NAME(T *restrict w, T *restrict g, T *restrict h, idx n, T rate,          \
                      T momentum)                                                          \
     {                                                                                     \
-        for (idx i = 0; i < n; ++i) {                                                     \
-            T t = g[i] * rate;                                                            \
-            T m = h[i] * momentum;                                                        \
-            T v = m + t;                                                                  \
-            h[i] = v;                                                                     \
-            g[i] = v;                                                                     \
-            w[i] = w[i] - v;                                                              \
-        }                                                                                 \
+        MOMENTUM_STEPS(T, w, g, h, n, rate, momentum)                                     \
     }
 SGD_MOMENTUM(c8s_sgd_momentum_f32, float)
 SGD_MOMENTUM(c8s_sgd_momentum_f64, double)
@@ -38,7 +40,7 @@ SGD_MOMENTUM(c8s_sgd_momentum_f64, double)
  *   normalize (iter_size > 1):  g *= inv_size
  *   regularize (L2, decays[j] != 0; NumPy skips a zero decay, and so must we: 0 * w is not
  *   always 0):                  t = w * decays[j];  g += t
- *   the momentum step above with rates[j].
+ *   the momentum step above (MOMENTUM_STEPS) with rates[j].
  * Each element's operations are the NumPy sequence's, in its order and precision. */
 #define SGD_UPDATE(NAME, T)                                                               \
     KERNEL void NAME(T *restrict w, T *restrict g, T *restrict h, const idx *starts,       \
@@ -58,14 +60,7 @@ SGD_MOMENTUM(c8s_sgd_momentum_f64, double)
                     T t = wj[i] * decay;                                                  \
                     gj[i] = gj[i] + t;                                                    \
                 }                                                                         \
-            for (idx i = 0; i < n; ++i) {                                                 \
-                T t = gj[i] * rate;                                                       \
-                T m = hj[i] * momentum;                                                   \
-                T v = m + t;                                                              \
-                hj[i] = v;                                                                \
-                gj[i] = v;                                                                \
-                wj[i] = wj[i] - v;                                                        \
-            }                                                                             \
+            MOMENTUM_STEPS(T, wj, gj, hj, n, rate, momentum)                              \
         }                                                                                 \
     }
 SGD_UPDATE(c8s_sgd_update_f32, float)
