@@ -15,7 +15,11 @@ chosen at run time, so one build runs on any x86-64 CPU. ``optional=True``: with
 still succeeds, and comm.kernels then compiles into ~/.cache/caffe8 at first use or falls back
 to NumPy.
 
-All three include ``engine/csrc/c8_kernels.h``, the dispatch block they share (``KERNEL``'s
+``caffe8.engine._gemm_pool`` (engine/gemm_pool.py) runs the host GEMM's blocks on a pool of C
+threads (POSIX threads, -pthread), built and found the same way; without it the blocks run on
+Python threads.
+
+All four include ``engine/csrc/c8_kernels.h``, the dispatch block they share (``KERNEL``'s
 target_clones, ``C8_X86``, ``idx``, ``C8_ABI``): an include directory here, installed with the
 sources (package_data) for engine/native.py's run-time build.
 """
@@ -44,11 +48,16 @@ setup(
                            include_dirs=_INCLUDE, optional=True),
                  Extension("caffe8.layers._layer_kernels", sources=["layers/csrc/layer_kernels.c"],
                            extra_compile_args=["-O3", "-std=c99", "-fno-trapping-math",
-                                               "-ffp-contract=off"],      # = layers.native.CFLAGS
+                                               "-ffp-contract=off", "-pthread"],  # = layers.native.CFLAGS
+                           extra_link_args=["-pthread"],
+                           include_dirs=_INCLUDE, optional=True),
+                 Extension("caffe8.engine._gemm_pool", sources=["engine/csrc/gemm_pool.c"],
+                           extra_compile_args=["-O2", "-std=c99", "-pthread"],  # = gemm_pool.CFLAGS
+                           extra_link_args=["-pthread"],
                            include_dirs=_INCLUDE, optional=True)],
     # the sources travel for the run-time fallback
     package_data={"caffe8.comm": ["csrc/*.c"], "caffe8.layers": ["csrc/*.c"],
-                  "caffe8.engine": ["csrc/*.h"], "caffe8.engine.proto": ["caffe.proto"],
+                  "caffe8.engine": ["csrc/*.h", "csrc/*.c"], "caffe8.engine.proto": ["caffe.proto"],
                   "caffe8.solvers": ["csrc/*.c"]},
     cmdclass={"build_ext": build_plain_library},
 )

@@ -32,21 +32,22 @@ blocks chosen from the shapes and the run's *partition* (:func:`_blocks`: per im
 product, else along the output's longer side in aligned pieces), a count fixed when the run
 starts — its thread limit — and recorded in its snapshots, so that a resumed run splits alike
 (:func:`set_partition`). ``threads()`` workers, which follow the free cores between iterations,
-take the blocks from a shared counter (ctypes releases the GIL): any worker count gives the same
-bits. Few, large blocks: OpenBLAS packs each block's operands again, so 16 blocks of LeNet's
+take the blocks from a shared counter: threads of a C pool, the whole product one ctypes call
+(``engine.gemm_pool``; Python threads where that library is missing): any worker count gives
+the same bits. Few, large blocks: OpenBLAS packs each block's operands again, so 16 blocks of LeNet's
 conv2 cost 33 % more than one product.
 """
 import contextlib
 import ctypes
 import functools
 import importlib.util
-import itertools
 import os
 import threading
 
 import numpy
 
-from caffe8.engine import cpu_share
+from caffe8.engine import cpu_share, gemm_pool
+from caffe8.engine.native import address
 
 BLAS_ENV = "CAFFE8_BLAS"                   # "openblas" (default) or "numpy"
 CORETYPE_ENV = "CAFFE8_OPENBLAS_CORETYPE"  # pins caffe8's OpenBLAS (e.g. Haswell, SkylakeX)
@@ -220,61 +221,6 @@ def adapt_threads():
         _threads = _budget.poll()
 
 
-class _Helper:
-    """A GEMM worker thread: ``start(job)`` hands it a function, ``join()`` waits for it. Plain
-    locks as the handoff (the cheapest wake-up CPython has; a Future costs ~0.1 ms a product)."""
-
-    def __init__(self, index):
-        self._go, self._done = threading.Lock(), threading.Lock()
-        self._go.acquire()
-        self._done.acquire()
-        self._job = None
-        threading.Thread(target=self._loop, name=f"caffe8-gemm-{index}", daemon=True).start()
-
-    def _loop(self):
-        while True:
-            self._go.acquire()
-            try:
-                self._job()
-            finally:
-                self._done.release()
-
-    def start(self, job):
-        self._job = job
-        self._go.release()
-
-    def join(self):
-        self._done.acquire()
-
-
-_helpers = []
-
-
-def _run_blocks(gemm, blocks):
-    """Each block ``gemm(*args)`` once, on ``threads()`` workers taking them in turn (the
-    calling thread is one of them)."""
-    workers = min(threads(), len(blocks))
-    if workers <= 1:
-        for args in blocks:
-            gemm(*args)
-        return
-    while len(_helpers) < workers - 1:
-        _helpers.append(_Helper(len(_helpers)))
-    order = itertools.count()
-    count = len(blocks)
-
-    def work():
-        i = next(order)
-        while i < count:
-            gemm(*blocks[i])
-            i = next(order)
-    for helper in _helpers[:workers - 1]:
-        helper.start(work)
-    work()
-    for helper in _helpers[:workers - 1]:
-        helper.join()
-
-
 def _split(length, pieces):
     """``pieces`` ranges covering ``range(length)``, edges on multiples of BLOCK_ALIGN."""
     step = -(-length // pieces)
@@ -337,30 +283,96 @@ def matmul(a, b, out=None, accumulate=False):
 
     Host float32/float64 operands of at least two axes go to caffe8's OpenBLAS (broadcast
     batch axes: one GEMM per 2-D product; accumulation through BLAS's beta = 1, as Caffe
-    accumulates weight gradients); everything else to NumPy.
+    accumulates weight gradients); everything else to NumPy. How a product of given shapes,
+    strides and dtype runs (its layout arguments and blocks, :class:`_Plan`) is worked out once
+    and kept: a small net's products cost little more than the GEMM call itself.
     """
     if accumulate and out is None:
         raise ValueError("matmul(accumulate=True) needs out")
-    state = _load()
-    if not _eligible(state, a, b, out):
+    state = _state if _state is not None else _load()
+    if out is None or state[0] is None or type(a) is not numpy.ndarray or \
+            type(b) is not numpy.ndarray or type(out) is not numpy.ndarray:
+        return _matmul_new_out(state, a, b, out, accumulate)
+    key = (a.dtype, b.dtype, out.dtype, accumulate, partition(), a.shape, a.strides, b.shape,
+           b.strides, out.shape, out.strides)
+    plan = _plans.get(key, _UNPLANNED)
+    if plan is _UNPLANNED:
+        if len(_plans) >= _MAX_PLANS:       # shapes that keep changing: start again
+            _plans.clear()
+        plan = _plans[key] = _plan(state, a, b, out, accumulate)
+    if plan is None or not out.flags.writeable or numpy.may_share_memory(out, a) or \
+            numpy.may_share_memory(out, b):
         return _numpy_matmul(a, b, out, accumulate)
+    plan.run(address(a), address(b), address(out))
+    return out
+
+
+def _matmul_new_out(state, a, b, out, accumulate):
+    """matmul without a given ``out`` (or of arrays BLAS cannot take): the output made here."""
+    if out is not None or not _eligible(state, a, b, out):
+        return _numpy_matmul(a, b, out, accumulate)
+    try:
+        batch = numpy.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+    except ValueError:
+        return _numpy_matmul(a, b, out, accumulate)     # NumPy raises its own error
+    out = numpy.empty(batch + (a.shape[-2], b.shape[-1]), a.dtype)
+    return matmul(a, b, out, accumulate)
+
+
+_UNPLANNED = object()
+#: (dtypes, accumulate, partition, shapes and strides of a, b, out) -> _Plan, or None: NumPy's
+_plans = {}
+_MAX_PLANS = 4096
+
+
+class _Plan:
+    """One product's GEMM calls for operands of fixed shapes and strides: the layout arguments
+    and each block's byte offsets from the three base pointers (``blocks``: rows, cols, offset
+    in a, in b, in out), also as the int64 array the C pool reads (``engine.gemm_pool``)."""
+
+    def __init__(self, gemm, layout, m, n, k, beta, blocks, dtype):
+        self.gemm, self.m, self.n, self.k, self.beta = gemm, m, n, k, beta
+        (self.ta, self.lda), (self.tb, self.ldb), self.ldc = layout
+        self.blocks = blocks
+        self.single = len(blocks) == 1 and blocks[0][2:] == (0, 0, 0)
+        self.array = numpy.array([0 if dtype == numpy.float32 else 1, self.ta, self.tb, k,
+                                  self.lda, self.ldb, self.ldc, int(beta), len(blocks)]
+                                 + [v for block in blocks for v in block], dtype=numpy.int64)
+        self.address = address(self.array)
+        self.gemm_address = gemm_pool.function_address(gemm)
+
+    def run(self, pa, pb, pc):
+        pool = gemm_pool.call()
+        if pool is not None:
+            pool(self.gemm_address, self.address, pa, pb, pc,
+                 1 if self.single else threads())
+            return
+        if self.single:                 # one call, as a plain product
+            self.gemm(_ROW_MAJOR, self.ta, self.tb, self.m, self.n, self.k, 1.0, pa, self.lda,
+                      pb, self.ldb, self.beta, pc, self.ldc)
+            return
+        args = (_ROW_MAJOR, self.ta, self.tb)
+        gemm_pool.run_blocks(self.gemm, [args + (mi, ni, self.k, 1.0, pa + oa, self.lda,
+                                                 pb + ob, self.ldb, self.beta, pc + oc,
+                                                 self.ldc)
+                                         for mi, ni, oa, ob, oc in self.blocks], threads())
+
+
+def _plan(state, a, b, out, accumulate):
+    """The :class:`_Plan` of ``out (+)= a @ b`` for these shapes and strides, or None when the
+    product goes to NumPy (another dtype, a layout BLAS cannot take, a shape NumPy rejects)."""
+    if not _eligible(state, a, b, out):
+        return None
     m, k = a.shape[-2:]
     n = b.shape[-1]
     try:
         batch = numpy.broadcast_shapes(a.shape[:-2], b.shape[:-2])
     except ValueError:
-        return _numpy_matmul(a, b, out, accumulate)     # NumPy raises its own error
-    if out is None:
-        out = numpy.empty(batch + (m, n), a.dtype)
-    elif out.shape != batch + (m, n) or numpy.may_share_memory(out, a) or \
-            numpy.may_share_memory(out, b):
-        return _numpy_matmul(a, b, out, accumulate)
-    if m == 0 or n == 0:
-        return out
-    if k == 0:
-        if not accumulate:
-            out[...] = 0
-        return out
+        return None
+    if out.shape != batch + (m, n):
+        return None
+    if m == 0 or n == 0 or k == 0:      # NumPy's result (nothing, or zeros) is BLAS's
+        return None
     a_b = numpy.broadcast_to(a, batch + (m, k))
     b_b = numpy.broadcast_to(b, batch + (k, n))
     first = (0,) * len(batch)
@@ -368,30 +380,21 @@ def matmul(a, b, out=None, accumulate=False):
     # data pointers by the batch strides (broadcast axes have stride 0)
     layout = _gemm_args(a_b[first], b_b[first], out[first])
     if layout is None:
-        return _numpy_matmul(a, b, out, accumulate)
-    (ta, lda), (tb, ldb), ldc = layout
-    gemm = state[1][a.dtype]
-    beta = 1.0 if accumulate else 0.0
-    pa, pb, pc = (x.__array_interface__["data"][0] for x in (a_b, b_b, out))
+        return None
     sa, sb, sc = (x.strides[-2:] for x in (a_b, b_b, out))
     steps = [x.strides[:-2] for x in (a_b, b_b, out)]
     items = 1
     for d in batch:
         items *= d
-    parts = _blocks(m, n, k, items, partition())
-    if items == 1 and len(parts) == 1:      # one call, as a plain product
-        gemm(_ROW_MAJOR, ta, tb, m, n, k, 1.0, pa, lda, pb, ldb, beta, pc, ldc)
-        return out
     blocks = []
     for i in numpy.ndindex(*batch):
         oa, ob, oc = (sum(j * st for j, st in zip(i, st_)) for st_ in steps)
-        for (r0, r1), (c0, c1) in parts:
+        for (r0, r1), (c0, c1) in _blocks(m, n, k, items, partition()):
             # rows r0:r1 of a, columns c0:c1 of b, that block of the output
-            blocks.append((_ROW_MAJOR, ta, tb, r1 - r0, c1 - c0, k, 1.0,
-                           pa + oa + r0 * sa[0], lda, pb + ob + c0 * sb[1], ldb, beta,
-                           pc + oc + r0 * sc[0] + c0 * sc[1], ldc))
-    _run_blocks(gemm, blocks)
-    return out
+            blocks.append((r1 - r0, c1 - c0, oa + r0 * sa[0], ob + c0 * sb[1],
+                           oc + r0 * sc[0] + c0 * sc[1]))
+    return _Plan(state[1][a.dtype], layout, m, n, k, 1.0 if accumulate else 0.0, tuple(blocks),
+                 a.dtype)
 
 
 def _eligible(state, a, b, out):

@@ -64,6 +64,8 @@ class Blob:
         reallocates (zeroed) only when the element count changes."""
         if len(shape) == 1 and not isinstance(shape[0], (int, numpy.integer)):
             shape = shape[0]
+        if shape == self.data.shape:    # every forward reshapes: the common case first
+            return
         shape = tuple(int(s) for s in shape)
         if any(s < 0 for s in shape):
             raise ValueError(f"negative blob dimension in {shape}")

@@ -14,6 +14,7 @@ Parameter Blobs are rebound by the Net onto one contiguous buffer after setup, s
 read ``self.blobs[j].data`` each time rather than keep references to the arrays.
 """
 import abc
+import functools
 
 import numpy
 
@@ -25,6 +26,28 @@ LAYERS = {}
 
 #: ``@register_layer("Convolution")``: registers a Layer subclass under its Caffe type string.
 register_layer = registrar(LAYERS, "layer type", "type")
+
+
+def blob_shapes(bottom, top):
+    """The shapes of ``bottom`` and ``top``, as ``from_shapes`` records them."""
+    return [b.data.shape for b in bottom] + [t.data.shape for t in top]
+
+
+def from_shapes(reshape):
+    """Marks a layer's ``reshape`` that sets its tops (and whatever it keeps for forward) from
+    the bottoms' shapes and the layer's parameters alone: called again with bottoms and tops of
+    the shapes it last left, it would change nothing. Each call records those shapes
+    (``layer.shapes_seen``), and the Net skips the call while they hold
+    (``Net.forward_from_to``; Caffe reshapes every layer every pass, which for a small net was a
+    quarter of its forward). The mark is the function's: a subclass that overrides ``reshape``
+    is reshaped every pass unless it marks its own."""
+    @functools.wraps(reshape)
+    def recorded(self, bottom, top):
+        self.shapes_seen = None            # a reshape that fails leaves nothing to skip by
+        reshape(self, bottom, top)
+        self.shapes_seen = blob_shapes(bottom, top)
+    recorded.from_shapes = True
+    return recorded
 
 
 def create_layer(layer_param, phase="TRAIN", dtype=numpy.float32):
@@ -80,6 +103,8 @@ class Layer(abc.ABC):
     #: trainer gives every rank rank 0's after each iteration (what Caffe's root solver holds
     #: and snapshots; PyTorch DDP's broadcast_buffers), keeping the ranks' parameters identical
     forward_state_blobs = ()
+    #: the bottom and top shapes a ``from_shapes`` reshape last left (None: reshape next pass)
+    shapes_seen = None
 
     @property
     def auto_top_blobs(self):

@@ -50,15 +50,28 @@ def paused_gc():
 
 
 class Message:
-    """A parsed protobuf message of schema type ``type_name``."""
+    """A parsed protobuf message of schema type ``type_name``.
 
-    __slots__ = ("_type", "_values", "_locs", "_where", "_parent", "_unset")
+    Reads are Python's plain attribute lookups wherever they can be: the set fields live in
+    ``_values``, which is also the instance's ``__dict__``, and each message type is a subclass
+    (``Message(type_name)`` makes one of it) holding its scalar fields' defaults as class
+    attributes. Only unset repeated and message fields (made on first read) and unknown names
+    reach ``__getattr__``, which on Python 3.11 first formats the AttributeError it replaces:
+    ~6,500 instructions a read, 12 % of a small net's training step when every read went
+    there. No schema field is named like an attribute of this class
+    (tests/engine/test_prototxt.py)."""
+
+    __slots__ = ("__dict__", "_type", "_values", "_locs", "_where", "_parent", "_unset")
+
+    def __new__(cls, type_name, where="<memory>"):
+        typed = _TYPED.get(type_name)
+        if typed is None:
+            raise KeyError(f"unknown message type {type_name}")
+        return _new(typed)
 
     def __init__(self, type_name, where="<memory>"):
-        if type_name not in SCHEMA:
-            raise KeyError(f"unknown message type {type_name}")
         object.__setattr__(self, "_type", type_name)
-        object.__setattr__(self, "_values", {})
+        object.__setattr__(self, "_values", self.__dict__)
         object.__setattr__(self, "_locs", {})
         object.__setattr__(self, "_where", where)
         # An unset message field reads as a default Message linked to its parent; writing into
@@ -149,7 +162,7 @@ class Message:
 
     def copy(self):
         """Deep copy."""
-        m = _new(Message)
+        m = _new(type(self))
         _set(m, "_type", self._type)
         _set(m, "_where", self._where)
         _set(m, "_parent", None)
@@ -158,13 +171,14 @@ class Message:
         values = {}
         for k, v in self._values.items():
             if type(v) is list:
-                if v and type(v[0]) is Message:
+                if v and isinstance(v[0], Message):
                     v = [x.copy() for x in v]
                 else:
                     v = v.copy()
-            elif type(v) is Message:
+            elif isinstance(v, Message):
                 v = v.copy()
             values[k] = v
+        _set(m, "__dict__", values)
         _set(m, "_values", values)
         return m
 
@@ -175,3 +189,16 @@ class Message:
 
     def __repr__(self):
         return f"<{self._type} {', '.join(self.fields())}>"
+
+
+def _typed_class(type_name, fields):
+    """The Message subclass of one message type: its scalar fields' defaults as class
+    attributes (repeated and message fields are made per instance, in ``__getattr__``)."""
+    defaults = {name: spec.default for name, spec in fields.items()
+                if not spec.repeated and not spec.is_message}
+    return type("Message", (Message,), {"__slots__": (), "__qualname__": "Message",
+                                        "__doc__": f"A {type_name} message.", **defaults})
+
+
+#: message type name -> its Message subclass
+_TYPED = {t: _typed_class(t, fields) for t, fields in SCHEMA.items()}

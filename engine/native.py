@@ -25,6 +25,7 @@ import ctypes
 import glob
 import hashlib
 import os
+import platform
 import subprocess
 import sysconfig
 import tempfile
@@ -35,6 +36,32 @@ import numpy
 #: the shared header's folder (engine/csrc), on every build's include path
 INCLUDE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "csrc")
 _HEADERS = (os.path.join(INCLUDE_DIR, "c8_kernels.h"),)
+
+
+def _data_pointer_reader():
+    """``address(array)``: the address of a NumPy array's first element, for ctypes calls.
+
+    ``array.ctypes.data`` imports numpy._core._internal and builds a Python object on every
+    call (~11,000 instructions; a small net's step passed 26 addresses). NumPy's C ABI keeps the
+    data pointer right after the object header (``PyArrayObject_fields.data``, what
+    ``PyArray_DATA`` reads), and CPython's ``id`` is the object's address, so the pointer can be
+    read there (~2,600 instructions). Checked once here against ``ctypes.data`` on arrays of
+    several layouts; where it does not hold (another interpreter or ABI), ``ctypes.data``."""
+    header = ctypes.sizeof(ctypes.c_ssize_t) + ctypes.sizeof(ctypes.c_void_p)  # refcount, type
+    read = ctypes.c_void_p.from_address
+
+    def address(array):
+        return read(id(array) + header).value
+
+    base = numpy.arange(24, dtype=numpy.float32).reshape(4, 6)
+    samples = (base, base.T, base[1:, 2:], base[::2], base.reshape(-1)[3:], numpy.zeros(0))
+    if platform.python_implementation() == "CPython" and \
+            all(address(a) == a.ctypes.data for a in samples):
+        return address
+    return lambda array: array.ctypes.data
+
+
+address = _data_pointer_reader()
 
 
 def cache_dir():
@@ -179,6 +206,7 @@ class Kernels:
         self.enabled = os.environ.get(env, "").lower() != "numpy"
         self._lib = self._file = None
         self._loaded = False
+        self._functions = {}      # (name, dtype) -> the bound C function
 
     def _load(self):
         self._loaded = True
@@ -210,15 +238,23 @@ class Kernels:
         if not self._loaded:
             self._load()
         dtype = arrays[0].dtype
-        return self._lib is not None and dtype in self.SUFFIX and all(
-            type(a) is numpy.ndarray and a.dtype == dtype and a.flags.c_contiguous
-            for a in arrays)
+        if self._lib is None or dtype not in self.SUFFIX:
+            return False
+        for a in arrays:
+            if type(a) is not numpy.ndarray or a.dtype != dtype or not a.flags.c_contiguous:
+                return False
+        return True
 
     def kernel(self, name, *arrays):
         """The C function ``name`` for ``arrays``' dtype, or None (``enabled_for`` says no)."""
         if not self.enabled_for(*arrays):
             return None
-        return getattr(self._lib, f"{self.prefix}{name}_{self.SUFFIX[arrays[0].dtype]}")
+        key = (name, arrays[0].dtype)
+        fn = self._functions.get(key)
+        if fn is None:
+            fn = self._functions[key] = getattr(
+                self._lib, f"{self.prefix}{name}_{self.SUFFIX[arrays[0].dtype]}")
+        return fn
 
     def run(self, name, arrays, *args):
         """Call kernel ``name`` (chosen by the dtype of ``arrays``, every array it touches) with
@@ -227,5 +263,5 @@ class Kernels:
         fn = self.kernel(name, *arrays)
         if fn is None:
             return False
-        fn(*(a.ctypes.data if isinstance(a, numpy.ndarray) else a for a in args))
+        fn(*[address(a) if isinstance(a, numpy.ndarray) else a for a in args])
         return True

@@ -21,7 +21,7 @@ import numpy
 from caffe8.engine import backend, model_io, net_hdf5
 from caffe8.engine.blob import Blob
 from caffe8.engine.errors import CaffeError, LayerError
-from caffe8.engine.layer import check_layer_types, create_layer
+from caffe8.engine.layer import blob_shapes, check_layer_types, create_layer
 from caffe8.engine.net_graph import filter_net, insert_splits, upgrade_net_input
 from caffe8.engine.message import paused_gc
 from caffe8.engine.prototxt import Message, parse_file, to_text
@@ -145,6 +145,9 @@ class Net:
             for name, w in zip(names, self.layer_loss_weights[i]):
                 if w:
                     self.blob_loss_weights[name] = w
+        # per layer, its weighted tops as (blob, weight): what each pass sums and seeds
+        self._weighted_tops = [[(blob, w) for blob, w in zip(top, weights) if w]
+                               for top, weights in zip(self.top_vecs, self.layer_loss_weights)]
 
     def _build_layer(self, layer_param, available):
         if not layer_param.has("phase"):
@@ -487,19 +490,23 @@ class Net:
         self.run_pending_checks()
         self.forwards += 1
         loss = 0.0
+        before, after = self._before_forward_hooks, self._forward_hooks
+        layers, bottoms, tops, weighted = (self.layers, self.bottom_vecs, self.top_vecs,
+                                           self._weighted_tops)
         for i in range(start, end + 1):
-            layer = self.layers[i]
-            bottom, top = self.bottom_vecs[i], self.top_vecs[i]
-            for fn in self._before_forward_hooks:
+            layer, bottom, top = layers[i], bottoms[i], tops[i]
+            for fn in before:
                 fn(i, layer)
-            self._reshape(layer, bottom, top)
+            seen = layer.shapes_seen
+            if seen is None or seen != blob_shapes(bottom, top) or \
+                    not getattr(layer.reshape, "from_shapes", False):
+                self._reshape(layer, bottom, top)
             layer.forward(bottom, top)
             for blob in top:
                 blob.touch()
-            for blob, w in zip(top, self.layer_loss_weights[i]):
-                if w:
-                    loss = loss + w * blob.data.sum(dtype=numpy.float64)
-            for fn in self._forward_hooks:
+            for blob, w in weighted[i]:
+                loss = loss + w * blob.data.sum(dtype=numpy.float64)
+            for fn in after:
                 fn(i, layer)
         self._loss = loss
         return self.loss if as_float else loss
@@ -541,23 +548,26 @@ class Net:
 
     def seed_loss_diffs(self):
         """Each weighted top's diff = its loss weight (Caffe sets it once, in SetLossWeights)."""
-        for i in range(len(self.layers)):
-            for blob, w in zip(self.top_vecs[i], self.layer_loss_weights[i]):
-                if w:
-                    blob.diff[...] = w
+        for weighted in self._weighted_tops:
+            for blob, w in weighted:
+                blob.diff[...] = w
 
     def backward_from_to(self, start, end):
         """Caffe's BackwardFromTo: backward layers ``start`` down to ``end`` (inclusive), from
         the top diffs as they stand (see :meth:`seed_loss_diffs`)."""
         if self.layers:
             self._layer_range(start, end)
+        before, after = self._before_backward_hooks, self._backward_hooks
+        layers, need, bottoms, tops, down = (self.layers, self.layer_need_backward,
+                                             self.bottom_vecs, self.top_vecs,
+                                             self.bottom_need_backward)
         for i in range(start, end - 1, -1):
-            layer = self.layers[i]
-            for fn in self._before_backward_hooks:
+            layer = layers[i]
+            for fn in before:
                 fn(i, layer)
-            if self.layer_need_backward[i]:
-                layer.backward(self.top_vecs[i], self.bottom_need_backward[i], self.bottom_vecs[i])
-            for fn in self._backward_hooks:
+            if need[i]:
+                layer.backward(tops[i], down[i], bottoms[i])
+            for fn in after:
                 fn(i, layer)
 
     def keep_forward_work(self, on):

@@ -111,12 +111,20 @@ def run_time(model, iterations, log, phase="TRAIN"):
 
     As BVLC's tools/caffe.cpp time(), every layer's Backward runs, whether or not the net needs
     its gradient (a deploy net with no loss included), with the net's propagate_down flags: so
-    the parameter gradients of a deploy net's layers are timed too."""
+    the parameter gradients of a deploy net's layers are timed too.
+
+    Beside Caffe's lines, the framework's own cost: as many forward + backward passes through
+    the Net itself, then as many again timed layer by layer with the Net's hooks, split into
+    the layers' calls and the rest, the Net's dispatch (its loops, reshape checks, loss sums)
+    with the hooks' own cost; on a GPU,
+    each layer's host time too (from the call until it returns, before the device has
+    finished: what bounds a GPU iteration of small layers)."""
     if iterations < 1:
         raise CaffeError(f"--iterations must be >= 1, got {iterations}")
     net = Net(model, phase=phase, log=log)  # the net's setup log, as Caffe's tool writes it
     n = len(net.layers)
     fwd, bwd = numpy.zeros(n), numpy.zeros(n)
+    host = numpy.zeros((2, n))
     log("Performing Forward")
     net.forward()
     log(f"Initial loss: {fmt(net.loss)}")
@@ -133,6 +141,7 @@ def run_time(model, iterations, log, phase="TRAIN"):
             t = time.perf_counter()
             layer.reshape(net.bottom_vecs[i], net.top_vecs[i])
             layer.forward(net.bottom_vecs[i], net.top_vecs[i])
+            host[0, i] += time.perf_counter() - t
             _sync()
             fwd[i] += time.perf_counter() - t
         total_f += time.perf_counter() - t_iter
@@ -140,6 +149,7 @@ def run_time(model, iterations, log, phase="TRAIN"):
         for i in reversed(range(n)):
             t = time.perf_counter()
             net.layers[i].backward(net.top_vecs[i], net.bottom_need_backward[i], net.bottom_vecs[i])
+            host[1, i] += time.perf_counter() - t
             _sync()
             bwd[i] += time.perf_counter() - t
         total_b += time.perf_counter() - t_iter
@@ -150,7 +160,58 @@ def run_time(model, iterations, log, phase="TRAIN"):
         log(f"{layer.name:>10s}\tbackward: {fmt(bwd[i] * 1000 / iterations)} ms.")
     log(f"Average Forward pass: {fmt(total_f * 1000 / iterations)} ms.")
     log(f"Average Backward pass: {fmt(total_b * 1000 / iterations)} ms.")
-    log(f"Average Forward-Backward: {fmt((total_f + total_b) * 1000 / iterations)} ms.")
-    log(f"Total Time: {fmt((time.perf_counter() - t_all) * 1000)} ms.")
+    layers_ms = (total_f + total_b) * 1000 / iterations
+    log(f"Average Forward-Backward: {fmt(layers_ms)} ms.")
+    total_ms = (time.perf_counter() - t_all) * 1000
+    _log_framework_cost(net, iterations, host * 1000 / iterations, log)
+    log(f"Total Time: {fmt(total_ms)} ms.")
     log("*** Benchmark ends ***")
     return fwd * 1000 / iterations, bwd * 1000 / iterations
+
+
+def net_pass_ms(net, iterations):
+    """Average milliseconds of a forward + backward pass through the Net's own methods."""
+    start = time.perf_counter()
+    for _ in range(iterations):
+        blas.adapt_threads()
+        net.forward_loss(as_float=False)
+        net.backward()
+        _sync()
+    return (time.perf_counter() - start) * 1000 / iterations
+
+
+def layer_calls_in_net_ms(net, iterations):
+    """(average milliseconds of a pass through the Net with hooks timing each layer's calls,
+    of which inside its layers' calls: reshape when due + forward, backward). The rest of the
+    hooked pass, the Net's dispatch, includes the hooks' own cost: an upper bound. Adds the
+    hooks: for a net made to be timed."""
+    inside, opened = [0.0], [0.0]
+
+    def before(i, layer):
+        _sync()
+        opened[0] = time.perf_counter()
+
+    def after(i, layer):
+        _sync()
+        inside[0] += time.perf_counter() - opened[0]
+    net.add_before_hooks(forward=before, backward=before)
+    net.add_forward_hook(after)
+    net.add_backward_hook(after)
+    hooked = net_pass_ms(net, iterations)
+    return hooked, inside[0] * 1000 / iterations
+
+
+def _log_framework_cost(net, iterations, host_ms, log):
+    """The lines of :func:`run_time` on the framework's own cost (see there)."""
+    pass_ms = net_pass_ms(net, iterations)
+    hooked_ms, layers_ms = layer_calls_in_net_ms(net, iterations)
+    log(f"Average Forward-Backward through the Net: {fmt(pass_ms)} ms; timed layer by layer "
+        f"with its hooks, {fmt(hooked_ms)} ms: the layers' calls {fmt(layers_ms)} ms, the Net's "
+        f"dispatch and the hooks {fmt(hooked_ms - layers_ms)} ms.")
+    if not backend.on_gpu():
+        return
+    log("Host time per layer (each call until it returns, before its device work ends):")
+    for i, layer in enumerate(net.layers):
+        log(f"{layer.name:>10s}\thost forward: {fmt(host_ms[0, i])} ms, "
+            f"host backward: {fmt(host_ms[1, i])} ms.")
+    log(f"Average host time of the layers: {fmt(host_ms.sum())} ms.")

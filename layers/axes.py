@@ -1,5 +1,5 @@
 """Axis and shape helpers shared by the layers (Caffe's CanonicalAxisIndex and count)."""
-import numpy
+import math
 
 
 def canonical_axis(layer, axis, num_axes):
@@ -13,7 +13,7 @@ def canonical_axis(layer, axis, num_axes):
 
 def count(shape, start=0, end=None):
     """Product of ``shape[start:end]`` (1 for an empty range), as a Python int."""
-    return int(numpy.prod(shape[start:end], dtype=numpy.int64))
+    return int(math.prod(shape[start:end]))
 
 
 def is_in_place(bottom, top):

@@ -29,7 +29,7 @@ import numpy
 from caffe8.engine import backend
 from caffe8.engine.errors import DataError, relative_to_cwd
 from caffe8.engine.glog import warning
-from caffe8.engine.layer import Layer
+from caffe8.engine.layer import Layer, from_shapes
 from caffe8.engine.prefetch import CLOSE_TIMEOUT_S, Prefetcher
 
 
@@ -118,6 +118,7 @@ class BaseDataLayer(Layer):
         self._consumed = self._state()
         self._prefetcher = Prefetcher(self._produce, self.name, self.prefetch)
 
+    @from_shapes
     def reshape(self, bottom, top):
         for blob, shape in zip(top, self.top_shapes):
             blob.reshape(shape)

@@ -12,7 +12,7 @@ code.
 import numpy
 
 from caffe8.engine import backend
-from caffe8.engine.layer import Layer, register_layer
+from caffe8.engine.layer import Layer, from_shapes, register_layer
 from caffe8.layers import cudnn_conv, native
 from caffe8.layers.im2col import col2im, conv_out_size, im2col
 
@@ -118,6 +118,7 @@ class ConvolutionLayer(Layer):
                              f"padded input {[s + 2 * q for s, q in zip(spatial, self.pad)]}")
         return tuple(out)
 
+    @from_shapes
     def reshape(self, bottom, top):
         shape = bottom[0].shape
         for b in bottom[1:]:
@@ -310,6 +311,17 @@ class ConvGeometry:
             native.enabled_for(*arrays)
 
     @property
+    def depthwise(self):
+        """Each channel convolved with its own 2-D filter (group = channels = outputs, MobileNet's
+        3x3 layers): computed directly by the C kernels (``native.depthwise_*``), where im2col +
+        GEMM made one 1 x K x P product per image and channel."""
+        return self.group == self.channels == self.num_output and len(self.kernel) == 2
+
+    def _direct(self, *arrays):
+        """The direct depthwise kernels apply to these (host, contiguous) arrays?"""
+        return self.depthwise and native.enabled_for(*arrays)
+
+    @property
     def pointwise(self):
         """1x1, stride 1, no padding (GoogLeNet's reduce layers): a per-image layout is x itself."""
         return all(k == 1 for k in self.kernel) and all(s == 1 for s in self.stride) and \
@@ -339,6 +351,9 @@ class ConvGeometry:
         """y (N, O, *out) = conv(x (N, C, ...), w); y is overwritten. Returns a token naming the
         columns of the whole ``x`` when it leaves them in the buffer (one chunk on the batch
         path), for ``weight_gradient(kept=...)``; else None."""
+        if self._direct(x, w, y) and native.depthwise_forward(x, w, *self._geometry(),
+                                                              self.out_spatial, y):
+            return None
         wg = self._weight(w)
         og = self.num_output // self.group
         chunks = self._chunks(x.shape[0])
@@ -364,6 +379,9 @@ class ConvGeometry:
 
     def backward_data(self, dy, w, dx):
         """dx (N, C, ...) = the adjoint of ``forward`` applied to dy (N, O, *out); overwritten."""
+        if self._direct(dy, w, dx) and native.depthwise_backward_data(
+                dy, w, *self._geometry(), self.out_spatial, dx):
+            return
         wt = self._weight(w).swapaxes(1, 2)                    # (group, K, O/group)
         og = self.num_output // self.group
         for lo, hi in self._chunks(dy.shape[0]):
@@ -396,8 +414,21 @@ class ConvGeometry:
         """dw (O, C/group, *kernel) += the gradient of ``forward`` w.r.t. the weight. ``kept``:
         the token ``forward`` returned for this ``x``, when the caller knows that nothing wrote
         ``x`` since (see ``_cols_batch``)."""
+        if self._direct(x, dy, dw) and native.depthwise_weight_gradient(
+                x, dy, *self._geometry(), self.out_spatial, dw):
+            return
         og = self.num_output // self.group
         dwg = dw.reshape(self.group, og, self.k_group)
+        if self.pointwise and self._per_image(x, dy):
+            # 1x1: x is its own columns; one product per image accumulated in image order, as
+            # Caffe's weight_cpu_gemm loop, instead of copying x and dy into batch columns
+            # (two passes over both, more than the products themselves at 56x56 and up)
+            cg = self.channels // self.group
+            for i in range(x.shape[0]):
+                backend.matmul(dy[i].reshape(self.group, og, self.positions),
+                               x[i].reshape(self.group, cg, self.positions).swapaxes(1, 2),
+                               out=dwg, accumulate=True)
+            return
         chunks = self._chunks(x.shape[0])
         for lo, hi in chunks:
             cols, _ = self._cols_batch(x[lo:hi], kept if len(chunks) == 1 else None)

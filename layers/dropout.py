@@ -7,7 +7,7 @@ On NumPy float arrays the mask and the product are one C pass (``layers.native``
 the mask over the uniform draws.
 """
 from caffe8.engine import backend
-from caffe8.engine.layer import Layer, register_layer
+from caffe8.engine.layer import Layer, from_shapes, register_layer
 from caffe8.layers import native
 from caffe8.layers.axes import reshape_like
 
@@ -24,6 +24,7 @@ class DropoutLayer(Layer):
         self.scale = 1.0 / (1.0 - self.ratio)
         self.mask = None
 
+    @from_shapes
     def reshape(self, bottom, top):
         reshape_like(bottom, top)
 

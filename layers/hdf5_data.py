@@ -141,11 +141,14 @@ class HDF5DataLayer(BaseDataLayer):
 
     def load_batch(self):
         out = [numpy.empty(s, dtype=self.dtype) for s in self.top_shapes]
-        for i in range(self.batch_size):
-            r = self.rows[self.row_pos]
+        filled = 0
+        while filled < self.batch_size:   # runs of rows of the current file, one copy each
+            take = min(self.batch_size - filled, len(self.rows) - self.row_pos)
+            rows = self.rows[self.row_pos:self.row_pos + take]
             for dst, src in zip(out, self.current):
-                dst[i] = src[r]
-            self.row_pos += 1
+                dst[filled:filled + take] = src[rows]
+            filled += take
+            self.row_pos += take
             if self.row_pos == len(self.rows):  # next file, or the next epoch
                 self.file_pos += 1
                 if self.file_pos == len(self.files):

@@ -24,7 +24,7 @@ class HingeLossLayer(ItemLabelLoss):
         scores = x.reshape(n, -1)
         dim = scores.shape[1]
         labels = bottom[1].data.reshape(n, 1).astype("int64")
-        check_label_range(self, xp, labels, xp.ones(labels.shape, dtype=bool), dim)
+        check_label_range(self, xp, labels, None, dim)
         hot = one_hot(xp, labels, dim)[:, :, 0]
         self.sign = (1.0 - 2.0 * hot).astype(x.dtype)  # −t
         self.margin = xp.maximum(1.0 + self.sign * scores, 0.0).astype(x.dtype)

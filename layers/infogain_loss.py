@@ -73,6 +73,8 @@ class InfogainLossLayer(Layer):
         xp = backend.get_array_module(x)
         outer, classes, inner = self.geom
         p, labels, valid = labelled_softmax(self, bottom, xp)
+        if valid is None:
+            valid = xp.ones(labels.shape, dtype=bool)
         h = self._matrix(bottom, xp, x.dtype)
         safe = labels * valid  # ignored positions read row 0, then masked out
         # rows of H picked by each position's label, laid out as outer×K×inner like p

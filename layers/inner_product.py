@@ -9,11 +9,10 @@ and the weight gradient is accumulated by the GEMM itself (BLAS's beta = 1, as C
 ``caffe_cpu_gemm`` call does) — no weight-sized temporary, which for CaffeNet's fc6 cost more in
 page faults than the GEMM.
 """
-import numpy
 
 from caffe8.engine import backend
-from caffe8.engine.layer import Layer, register_layer
-from caffe8.layers.axes import canonical_axis
+from caffe8.engine.layer import Layer, from_shapes, register_layer
+from caffe8.layers.axes import canonical_axis, count
 
 
 @register_layer("InnerProduct")
@@ -28,15 +27,16 @@ class InnerProductLayer(Layer):
         self.num_output = p.num_output
         self.transpose = p.transpose
         self.axis = canonical_axis(self, p.axis, len(bottom[0].shape))
-        self.k = int(numpy.prod(bottom[0].shape[self.axis:], dtype=numpy.int64))
+        self.k = count(bottom[0].shape, self.axis)
         shape = (self.k, self.num_output) if self.transpose else (self.num_output, self.k)
         self.make_param(shape, p.weight_filler)
         if p.bias_term:
             self.make_param((self.num_output,), p.bias_filler)
 
+    @from_shapes
     def reshape(self, bottom, top):
         shape = bottom[0].shape
-        k = int(numpy.prod(shape[self.axis:], dtype=numpy.int64))
+        k = count(shape, self.axis)
         if k != self.k:
             raise self.error(f"input size incompatible with inner product parameters: input "
                              f"{shape} flattens to K={k} from axis {self.axis}, weights expect K={self.k}")

@@ -27,10 +27,16 @@ def int_labels(label_data, outer, inner):
 
 
 def check_label_range(layer, xp, labels, valid, classes):
-    """Raise when a non-ignored label is outside 0 .. classes-1. On CuPy the verdict and the
-    first bad label stay on the device until the Net reads its loss (``Layer.defer_check``):
-    no synchronisation in the middle of the forward pass."""
-    bad = (valid & ((labels < 0) | (labels >= classes))).reshape(-1)
+    """Raise when a non-ignored label is outside 0 .. classes-1 (``valid``: the non-ignored
+    positions, None for all). On CuPy the verdict and the first bad label stay on the device
+    until the Net reads its loss (``Layer.defer_check``): no synchronisation in the middle of
+    the forward pass."""
+    if xp is numpy and labels.size and labels.min() >= 0 and labels.max() < classes:
+        return                       # the common case in two passes: every label in range
+    bad = (labels < 0) | (labels >= classes)
+    if valid is not None:
+        bad &= valid
+    bad = bad.reshape(-1)
     if bad.size == 0:
         return
     any_bad, first = bad.any(), labels.reshape(-1)[bad.argmax()]
@@ -43,6 +49,13 @@ def check_label_range(layer, xp, labels, valid, classes):
         verdict()
     else:
         layer.defer_check(verdict)
+
+
+def valid_positions(labels, ignore_label):
+    """Boolean mask of the positions whose label is not ``ignore_label``; None when there is no
+    ignore_label (every position counts: the layers then skip the masking, which would multiply
+    by one and add zeros, and so leave every value as it is)."""
+    return None if ignore_label is None else labels != ignore_label
 
 
 def one_hot(xp, labels, classes):

@@ -21,7 +21,7 @@ class MultinomialLogisticLossLayer(ItemLabelLoss):
         n = x.shape[0]
         probs = x.reshape(n, -1)
         labels = bottom[1].data.reshape(n, 1).astype("int64")
-        check_label_range(self, xp, labels, xp.ones(labels.shape, dtype=bool), probs.shape[1])
+        check_label_range(self, xp, labels, None, probs.shape[1])
         self.hot = one_hot(xp, labels, probs.shape[1])[:, :, 0]
         zero = xp.zeros((), dtype=x.dtype)
         self.p_true = xp.maximum(xp.where(self.hot, probs, zero).sum(axis=1),

@@ -12,12 +12,13 @@ import os
 
 import numpy
 
+from caffe8.engine import blas
 from caffe8.engine.native import Kernels
 
 _SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "csrc", "layer_kernels.c")
-_ABI_VERSION = 1                          # must equal C8L_ABI_VERSION in layer_kernels.c
+_ABI_VERSION = 3                          # must equal C8L_ABI_VERSION in layer_kernels.c
 #: as in setup.py: no -march (one build for every x86-64), no FMA contraction (NumPy's rounding)
-CFLAGS = ["-O3", "-std=c99", "-fno-trapping-math", "-ffp-contract=off"]
+CFLAGS = ["-O3", "-std=c99", "-fno-trapping-math", "-ffp-contract=off", "-pthread"]
 _P = ctypes.c_void_p
 _I = ctypes.c_ssize_t
 
@@ -38,11 +39,14 @@ def _signatures(real):
         "relu_fwd": [_P, _I, real, _P],
         "relu_bwd": [_P, _P, _I, real, _P],
         "dropout_fwd": [_P, _P, _I, real, real, _P, _P],
+        "dwconv_fwd": [_P, _P] + geometry[:14] + [_P, _I],
+        "dwconv_bwd": [_P, _P] + geometry[:14] + [_P, _I],
+        "dwconv_wgrad": [_P, _P] + geometry[:14] + [_P, _I],
     }.items()}
 
 
 _KERNELS = Kernels("layers.native", _SOURCE, "_layer_kernels", ("c8l_abi_version", _ABI_VERSION),
-                   "c8l_", _signatures, "CAFFE8_LAYER_KERNELS", [(CFLAGS, [])])
+                   "c8l_", _signatures, "CAFFE8_LAYER_KERNELS", [(CFLAGS, ["-pthread"])])
 library_file = _KERNELS.library_file
 use_native = _KERNELS.use_native
 enabled_for = _KERNELS.enabled_for
@@ -74,6 +78,30 @@ def col2im_2d(cols, x_shape, kernel, pad, stride, dilation, out_hw, dx, per_imag
     n, c, h, w = x_shape
     return _KERNELS.run("col2im", (cols, dx), cols, n, c, h, w, *kernel, *pad, *stride,
                         *dilation, *out_hw, *_col_strides(n, c, kernel, out_hw, per_image), dx)
+
+
+def _depthwise(name, a, b, out, x_shape, kernel, pad, stride, dilation, out_hw):
+    """A depthwise kernel on the host GEMM's worker count (``blas.threads()``): each plane (or
+    channel) is computed whole by one thread, so any count gives the same bits."""
+    n, c, h, w = x_shape
+    return _KERNELS.run(name, (a, b, out), a, b, n, c, h, w, *kernel, *pad, *stride, *dilation,
+                        *out_hw, out, blas.threads())
+
+
+def depthwise_forward(x, w, kernel, pad, stride, dilation, out_hw, y):
+    """y (N, C, OH, OW) = the depthwise convolution of x (N, C, H, W) with w (C, 1, KH, KW)
+    (group = channels = outputs), overwritten. False when the C path does not apply."""
+    return _depthwise("dwconv_fwd", x, w, y, x.shape, kernel, pad, stride, dilation, out_hw)
+
+
+def depthwise_backward_data(dy, w, kernel, pad, stride, dilation, out_hw, dx):
+    """dx (N, C, H, W) = the adjoint of ``depthwise_forward`` applied to dy, overwritten."""
+    return _depthwise("dwconv_bwd", dy, w, dx, dx.shape, kernel, pad, stride, dilation, out_hw)
+
+
+def depthwise_weight_gradient(x, dy, kernel, pad, stride, dilation, out_hw, dw):
+    """dw (C, 1, KH, KW) += the weight gradient of ``depthwise_forward`` (x, dy)."""
+    return _depthwise("dwconv_wgrad", x, dy, dw, x.shape, kernel, pad, stride, dilation, out_hw)
 
 
 # --- pooling ------------------------------------------------------------------------------------

@@ -8,7 +8,7 @@ import abc
 import math
 
 from caffe8.engine import backend
-from caffe8.engine.layer import Layer, register_layer
+from caffe8.engine.layer import Layer, from_shapes, register_layer
 from caffe8.layers import native
 from caffe8.layers.axes import is_in_place, reshape_like
 
@@ -19,6 +19,7 @@ class NeuronLayer(Layer):
     exact_num_top = 1
     needs_input = False  # does backward need x itself (not only y)?
 
+    @from_shapes
     def reshape(self, bottom, top):
         reshape_like(bottom, top)
 

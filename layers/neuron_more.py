@@ -8,7 +8,7 @@ gets an error naming the layer.
 import abc
 
 from caffe8.engine import backend
-from caffe8.engine.layer import Layer, register_layer
+from caffe8.engine.layer import Layer, from_shapes, register_layer
 from caffe8.layers.axes import is_in_place, reshape_like
 
 #: Caffe's BNLL clamps the exponent of its gradient here so that exp() cannot overflow.
@@ -22,6 +22,7 @@ class _Elementwise(Layer):
     needs_input = True
     in_place_ok = True
 
+    @from_shapes
     def reshape(self, bottom, top):
         if not self.in_place_ok and is_in_place(bottom, top):
             raise self.error("does not allow in-place computation (top and bottom are the same blob)")
@@ -139,6 +140,7 @@ class ThresholdLayer(Layer):
     def layer_setup(self, bottom, top):
         self.threshold = float(self.layer_param.threshold_param.threshold)
 
+    @from_shapes
     def reshape(self, bottom, top):
         reshape_like(bottom, top)
 

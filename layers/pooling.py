@@ -17,7 +17,7 @@ import math
 import numpy
 
 from caffe8.engine import backend
-from caffe8.engine.layer import Layer, register_layer
+from caffe8.engine.layer import Layer, from_shapes, register_layer
 from caffe8.layers import cudnn_pooling, native
 
 FLT_MAX = float(numpy.finfo(numpy.float32).max)
@@ -131,6 +131,7 @@ class PoolingLayer(Layer):
         if len(top) == 2 and self.method != "MAX":
             raise self.error(f"only MAX pooling can output the argmax mask as a 2nd top, not {self.method}")
 
+    @from_shapes
     def reshape(self, bottom, top):
         shape = bottom[0].shape
         if len(shape) != 4:

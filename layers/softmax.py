@@ -1,6 +1,6 @@
 """Softmax along an axis (Caffe's softmax_layer.cpp), numerically stable (max subtracted)."""
 from caffe8.engine import backend
-from caffe8.engine.layer import Layer, register_layer
+from caffe8.engine.layer import Layer, from_shapes, register_layer
 from caffe8.layers.axes import canonical_axis, reshape_like
 
 
@@ -16,6 +16,7 @@ class SoftmaxLayer(Layer):
     exact_num_bottom = 1
     exact_num_top = 1
 
+    @from_shapes
     def reshape(self, bottom, top):
         self.axis = canonical_axis(self, self.layer_param.softmax_param.axis, bottom[0].num_axes)
         reshape_like(bottom, top)

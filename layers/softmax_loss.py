@@ -8,9 +8,10 @@ Backward: dx = (p - onehot) · top[0].diff / normalizer, 0 at ignored positions;
 take a gradient.
 """
 from caffe8.engine import backend
-from caffe8.engine.layer import Layer, register_layer
+from caffe8.engine.layer import Layer, from_shapes, register_layer
 from caffe8.layers.axes import canonical_axis
-from caffe8.layers.loss_common import check_label_range, class_geometry, int_labels, one_hot
+from caffe8.layers.loss_common import (check_label_range, class_geometry, int_labels, one_hot,
+                                       valid_positions)
 from caffe8.layers.softmax import softmax
 
 # Caffe clamps with FLT_MIN for float and double alike.
@@ -25,13 +26,16 @@ def normalization_mode(loss_param):
 
 
 def normalizer(xp, mode, outer, inner, valid, dtype):
-    """max(1, divisor) for ``mode``; stays on the device (no sync) for VALID."""
+    """max(1, divisor) for ``mode``; stays on the device (no sync) for VALID (``valid``: the
+    counted positions, None for all of them)."""
     if mode == "FULL":
         return float(max(1, outer * inner))
     if mode == "BATCH_SIZE":
         return float(max(1, outer))
     if mode == "NONE":
         return 1.0
+    if valid is None:
+        return dtype.type(max(1, outer * inner))
     return xp.maximum(valid.sum(), 1).astype(dtype)
 
 
@@ -60,12 +64,11 @@ def labelled_softmax(layer, bottom, xp):
     """Softmax of bottom[0] along ``layer.axis`` (kept in ``layer.prob``) and the labels, for the
     softmax-based losses: ``(p as outer×K×inner, int labels outer×inner, valid mask)`` with
     ``layer.geom`` = (outer, K, inner); labels are range-checked where valid (positions equal
-    to ``layer.ignore_label`` are not)."""
+    to ``layer.ignore_label`` are not). The mask is None without an ignore_label."""
     outer, classes, inner = layer.geom
     layer.prob = softmax(bottom[0].data, layer.axis, xp)
     labels = int_labels(bottom[1].data, outer, inner)
-    valid = (labels != layer.ignore_label) if layer.ignore_label is not None \
-        else xp.ones(labels.shape, dtype=bool)
+    valid = valid_positions(labels, layer.ignore_label)
     check_label_range(layer, xp, labels, valid, classes)
     return layer.prob.reshape(outer, classes, inner), labels, valid
 
@@ -79,24 +82,30 @@ class SoftmaxWithLossLayer(Layer):
 
     def layer_setup(self, bottom, top):
         setup_loss_param(self)
+        self.class_axis = self.layer_param.softmax_param.axis
 
     def allow_force_backward(self, bottom_index):
         return bottom_index != 1
 
+    @from_shapes
     def reshape(self, bottom, top):
-        reshape_class_loss(self, bottom, top, self.layer_param.softmax_param.axis)
+        reshape_class_loss(self, bottom, top, self.class_axis)
 
     def forward(self, bottom, top):
         x = bottom[0].data
         xp = backend.get_array_module(x)
         outer, classes, inner = self.geom
         p, labels, valid = labelled_softmax(self, bottom, xp)
-        self.hot = one_hot(xp, labels, classes) & valid[:, None, :]
+        self.hot = one_hot(xp, labels, classes)
+        if valid is not None:
+            self.hot &= valid[:, None, :]
         zero = xp.zeros((), dtype=x.dtype)  # a 0-d array, not a scalar, for cupy.where
         p_true = xp.where(self.hot, p, zero).sum(axis=1)
         logs = xp.log(xp.maximum(p_true, x.dtype.type(FLT_MIN)))
         self.norm = normalizer(xp, self.mode, outer, inner, valid, x.dtype)
-        top[0].data[...] = -xp.where(valid, logs, zero).sum() / self.norm
+        if valid is not None:
+            logs = xp.where(valid, logs, zero)
+        top[0].data[...] = -logs.sum() / self.norm
         self.valid = valid
         if len(top) > 1:
             top[1].data[...] = self.prob
@@ -107,7 +116,16 @@ class SoftmaxWithLossLayer(Layer):
         if not propagate_down[0]:
             return
         outer, classes, inner = self.geom
-        g = self.prob.reshape(outer, classes, inner) - self.hot
-        g = g * self.valid[:, None, :]
+        xp = backend.get_array_module(self.prob)
         scale = top[0].diff / self.norm
-        bottom[0].diff[...] = (g * scale).reshape(bottom[0].shape)
+        p = self.prob.reshape(outer, classes, inner)
+        diff = bottom[0].diff
+        if self.valid is None and diff.flags.c_contiguous:   # (p - onehot) * scale, in place
+            g = diff.reshape(outer, classes, inner)
+            xp.subtract(p, self.hot, out=g)
+            xp.multiply(g, scale, out=g)
+            return
+        g = p - self.hot
+        if self.valid is not None:
+            g = g * self.valid[:, None, :]
+        diff[...] = (g * scale).reshape(bottom[0].shape)

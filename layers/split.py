@@ -2,7 +2,7 @@
 
 The Net inserts it for blobs used by several layers. It never runs in place.
 """
-from caffe8.engine.layer import Layer, register_layer
+from caffe8.engine.layer import Layer, from_shapes, register_layer
 
 
 @register_layer("Split")
@@ -10,6 +10,7 @@ class SplitLayer(Layer):
     exact_num_bottom = 1
     min_top = 1
 
+    @from_shapes
     def reshape(self, bottom, top):
         for i, t in enumerate(top):
             if t is bottom[0]:

@@ -46,10 +46,24 @@ class SGDSolver:
         lr_policy.validate(solver_param)
         self._check_common_settings()
         self.check_settings()
-        params = net.learnable_params
-        self.history = [backend.get_array_module(p.data).zeros_like(p.data)
-                        for _ in range(self.history_sets) for p in params]
+        self.history, self._flat_history = self._make_history(net)
         self._scratch = {}
+        self._together = None    # _Together once the first update decided it applies, else False
+
+    def _make_history(self, net):
+        """``history_sets * n`` arrays of the params' shapes, zero; for a net whose params live
+        in flat buffers (``Net.param_slices``), views of one buffer per set laid out as
+        ``flat_data`` (then one C call can update every param: :meth:`_update_together`)."""
+        params = net.learnable_params
+        slices = getattr(net, "param_slices", None)
+        flat = getattr(net, "flat_data", None)
+        if flat is None or slices is None or len(slices) != len(params):
+            return [backend.get_array_module(p.data).zeros_like(p.data)
+                    for _ in range(self.history_sets) for p in params], None
+        xp = backend.get_array_module(flat)
+        buffers = [xp.zeros_like(flat) for _ in range(self.history_sets)]
+        return [buf[sl].reshape(p.data.shape) for buf in buffers
+                for p, sl in zip(params, slices)], buffers
 
     # --- configuration checks -----------------------------------------------------------------
     def _check_common_settings(self):
@@ -103,10 +117,37 @@ class SGDSolver:
 
     def _update_params(self, indices, rate):
         """Caffe's per-param steps for ``indices``: normalise, regularise, update value, w -= diff."""
+        if self._update_together(indices, rate):
+            return
         for i in indices:
             self.normalize(i)
             self.regularize(i)
             self.update_param(i, rate)
+
+    def _update_together(self, indices, rate):
+        """Plain momentum SGD with L2 (or no) decay on host params in the net's flat buffers:
+        the per-param steps of ``indices`` as one C call (``solvers.native.sgd_update``, the
+        same float operations per element, so the same bits). False: the caller takes the
+        per-param path (another rule, L1 decay, CuPy, no kernels)."""
+        together = self._together
+        if together is None:
+            together = self._together = _Together.of(self)
+        if not together:
+            return False
+        dt = together.dtype.type
+        decays = together.decay_mults * self.hyper("weight_decay", dt)
+        if self.param.regularization_type != "L2" and decays.any():
+            return False
+        rates = together.lr_mults * dt(rate)
+        size = self.param.iter_size
+        starts, counts = together.starts, together.counts
+        if len(indices) != len(starts):          # the pipelined update's share of the params
+            pick = numpy.asarray(indices, dtype=numpy.int64)
+            starts, counts, rates, decays = starts[pick], counts[pick], rates[pick], decays[pick]
+        net = self.net
+        return native.sgd_update(net.flat_data, net.flat_diff, self._flat_history[0], starts,
+                                 counts, rates, decays, dt(1) / dt(size) if size > 1 else None,
+                                 self.hyper("momentum", dt))
 
     def supports_early_update(self):
         """Can params be updated one layer at a time as their gradients become final
@@ -243,3 +284,43 @@ class SGDSolver:
             h[...] = backend.to_device(src.reshape(h.shape).astype(h.dtype), like=h)
         self.iter = int(state["iter"])
         self.current_step = int(state.get("current_step", 0))
+
+
+class _Together:
+    """What one C call needs to update every param of a solver at once (``_update_together``):
+    each param's offset and length in the flat buffers, its lr_mult and decay_mult as Caffe
+    holds them (float32, then the params' dtype)."""
+
+    #: the methods whose NumPy sequence the C update restates: a solver that overrides one
+    #: (Nesterov, Adam ...) updates param by param
+    METHODS = ("compute_update_value", "normalize", "regularize", "update_param", "local_rate")
+
+    def __init__(self, solver, dtype):
+        net = solver.net
+        self.dtype = dtype
+        self.starts = numpy.array([sl.start for sl in net.param_slices], dtype=numpy.int64)
+        self.counts = numpy.array([sl.stop - sl.start for sl in net.param_slices],
+                                  dtype=numpy.int64)
+        self.lr_mults = numpy.array([numpy.float32(v) for v in net.params_lr], dtype=dtype)
+        self.decay_mults = numpy.array([numpy.float32(v) for v in net.params_weight_decay],
+                                       dtype=dtype)
+
+    @classmethod
+    def of(cls, solver):
+        """A _Together for ``solver``, or False when its update cannot run as one call."""
+        cls_ = type(solver)
+        net = solver.net
+        if solver._flat_history is None or solver.history_sets != 1 or any(
+                getattr(cls_, m) is not getattr(SGDSolver, m) for m in cls.METHODS):
+            return False
+        flat, diff = net.flat_data, net.flat_diff
+        if type(flat) is not numpy.ndarray or not net.learnable_params:
+            return False
+        item = flat.itemsize
+        for p, sl in zip(net.learnable_params, net.param_slices):
+            for array, base in ((p.data, flat), (p.diff, diff)):
+                # each param a view of its place in the flat buffers (the Net's promise)
+                if not (array.flags.c_contiguous and array.size == sl.stop - sl.start and
+                        array.ctypes.data == base.ctypes.data + sl.start * item):
+                    return False
+        return cls(solver, flat.dtype)

@@ -17,9 +17,10 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 #: the modules setup.py builds, as their wheel paths without the ABI suffix
 KERNELS = ("caffe8/comm/_kernels", "caffe8/layers/_layer_kernels",
-           "caffe8/solvers/_solver_kernels")
+           "caffe8/solvers/_solver_kernels", "caffe8/engine/_gemm_pool")
 SOURCES = ("caffe8/comm/csrc/kernels.c", "caffe8/layers/csrc/layer_kernels.c",
-           "caffe8/solvers/csrc/solver_kernels.c", "caffe8/engine/proto/caffe.proto")
+           "caffe8/solvers/csrc/solver_kernels.c", "caffe8/engine/csrc/gemm_pool.c",
+           "caffe8/engine/proto/caffe.proto")
 
 
 def _source_copy(dest):

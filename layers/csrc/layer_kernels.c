@@ -7,13 +7,17 @@
  * paths agree to rounding (exp comes from libm here and from NumPy there).
  *
  * All arrays are C-contiguous.  Sizes are int64 (ptrdiff_t).  The kernels are single-threaded on
- * purpose: the GEMMs between them run on NumPy's multithreaded BLAS, whose worker threads
- * busy-wait after each call, and an OpenMP team over the outer loops on the same two cores made
+ * purpose: when the GEMMs between them ran on NumPy's multithreaded BLAS, whose worker threads
+ * busy-wait after each call, an OpenMP team over the outer loops on the same two cores made
  * whole nets several times slower (LeNet b64: 1180 ms, PyTorch 78 ms in the same loaded run; see
- * docs/history/2026-11-23.md).
+ * docs/history/2026-11-23.md).  The depthwise convolution's items run on threads of their own
+ * (dw_run): the host GEMM's OpenBLAS now runs on one thread and caffe8's pool waits without
+ * spinning.
  */
+#define _POSIX_C_SOURCE 200809L
 #include <float.h>
 #include <math.h>
+#include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
@@ -23,7 +27,7 @@
  * for CaffeNet's pool1 at batch 16, see docs/history/2026-11-23.md). */
 #include "c8_kernels.h"
 
-#define C8L_ABI_VERSION 1
+#define C8L_ABI_VERSION 3
 
 C8_ABI(c8l_abi_version, C8L_ABI_VERSION)
 
@@ -39,6 +43,41 @@ static void valid_range(idx out, idx size, idx stride, idx pad, idx offset, idx 
     if (a > b) a = b;
     *lo = a;
     *hi = b;
+}
+
+/* The depthwise kernels' items (planes, or channels) on ``threads`` POSIX threads taking them
+ * from a shared counter (the caller is one of them); each item is computed whole by one thread,
+ * so the bits never depend on the thread count.  Threads are started per call: a depthwise
+ * layer's work is milliseconds, a thread's start microseconds. */
+struct dw_job {
+    const void *a, *b;
+    void *out;
+    idx n, c, h, w, kh, kw, ph, pw, sh, sw, dh, dw, oh, ow;
+    idx count, next;
+    void (*item)(const struct dw_job *, idx);
+};
+
+static void *dw_work(void *arg)
+{
+    struct dw_job *j = arg;
+    for (idx i = __atomic_fetch_add(&j->next, 1, __ATOMIC_RELAXED); i < j->count;
+         i = __atomic_fetch_add(&j->next, 1, __ATOMIC_RELAXED))
+        j->item(j, i);
+    return NULL;
+}
+
+static void dw_run(struct dw_job *j, idx threads)
+{
+    pthread_t helpers[63];
+    idx started = 0;
+    if (threads > j->count) threads = j->count;
+    if (threads > 64) threads = 64;
+    for (; started < threads - 1; started++)
+        if (pthread_create(&helpers[started], NULL, dw_work, j))
+            break;                   /* fewer threads: the same items, the same bits */
+    dw_work(j);
+    for (idx t = 0; t < started; t++)
+        pthread_join(helpers[t], NULL);
 }
 
 #define DEFINE_KERNELS(T, SUF, MAXV)                                                             \
@@ -284,6 +323,134 @@ KERNEL void c8l_dropout_fwd_##SUF(const T *x, const T *u, idx count, T ratio, T 
         mask[i] = m;                                                                             \
         y[i] = x[i] * m;                                                                         \
     }                                                                                            \
+}                                                                                                \
+                                                                                                 \
+/* Depthwise 2-D convolution (group = channels = outputs, MobileNet's 3x3 layers), directly:     \
+ * im2col + GEMM made one 1 x K x P product per image and channel.  Planes are (image, channel) \
+ * of x / y (N, C, H, W) / (N, C, OH, OW); w is (C, KH, KW).  Each output is a sum over the     \
+ * taps in (ki, kj) order, so the results agree with the GEMM's to rounding.  An item (a plane, \
+ * or a channel for the weight gradient) is computed whole by one thread, in one order: the     \
+ * bits do not depend on ``threads`` (dw_run).                                                   \
+ * Forward: y = conv(x, w), overwritten; one plane. */                                           \
+KERNEL static void dwconv_fwd_plane_##SUF(const struct dw_job *j, idx p)                         \
+{                                                                                                \
+    const idx c = j->c, h = j->h, w = j->w, kh = j->kh, kw = j->kw, oh = j->oh, ow = j->ow;      \
+    const idx sh = j->sh, sw = j->sw, ph = j->ph, pw = j->pw, dh = j->dh, dw = j->dw;            \
+    const T *xp = (const T *)j->a + p * h * w, *wc = (const T *)j->b + (p % c) * kh * kw;        \
+    T *yp = (T *)j->out + p * oh * ow;                                                           \
+    memset(yp, 0, sizeof(T) * (size_t)(oh * ow));                                                \
+    for (idx ki = 0; ki < kh; ki++) {                                                            \
+        idx ylo, yhi;                                                                            \
+        valid_range(oh, h, sh, ph, ki * dh, &ylo, &yhi);                                         \
+        for (idx kj = 0; kj < kw; kj++) {                                                        \
+            idx xlo, xhi;                                                                        \
+            valid_range(ow, w, sw, pw, kj * dw, &xlo, &xhi);                                     \
+            const T wv = wc[ki * kw + kj];                                                       \
+            for (idx oy = ylo; oy < yhi; oy++) {                                                 \
+                const T *row = xp + (oy * sh - ph + ki * dh) * w;                                \
+                const idx off = kj * dw - pw;                                                    \
+                T *out = yp + oy * ow;                                                           \
+                if (sw == 1)                                                                     \
+                    for (idx ox = xlo; ox < xhi; ox++) out[ox] += wv * row[ox + off];            \
+                else                                                                             \
+                    for (idx ox = xlo; ox < xhi; ox++) out[ox] += wv * row[ox * sw + off];       \
+            }                                                                                    \
+        }                                                                                        \
+    }                                                                                            \
+}                                                                                                \
+                                                                                                 \
+/* Depthwise backward-data: dx (N, C, H, W) = the adjoint of the forward applied to dy,         \
+ * overwritten; each input gathers its taps in the forward's (ki, kj, oy, ox) order. */          \
+KERNEL static void dwconv_bwd_plane_##SUF(const struct dw_job *j, idx p)                         \
+{                                                                                                \
+    const idx c = j->c, h = j->h, w = j->w, kh = j->kh, kw = j->kw, oh = j->oh, ow = j->ow;      \
+    const idx sh = j->sh, sw = j->sw, ph = j->ph, pw = j->pw, dh = j->dh, dw = j->dw;            \
+    const T *dyp = (const T *)j->a + p * oh * ow, *wc = (const T *)j->b + (p % c) * kh * kw;     \
+    T *dxp = (T *)j->out + p * h * w;                                                            \
+    memset(dxp, 0, sizeof(T) * (size_t)(h * w));                                                \
+    for (idx ki = 0; ki < kh; ki++) {                                                            \
+        idx ylo, yhi;                                                                            \
+        valid_range(oh, h, sh, ph, ki * dh, &ylo, &yhi);                                         \
+        for (idx kj = 0; kj < kw; kj++) {                                                        \
+            idx xlo, xhi;                                                                        \
+            valid_range(ow, w, sw, pw, kj * dw, &xlo, &xhi);                                     \
+            const T wv = wc[ki * kw + kj];                                                       \
+            for (idx oy = ylo; oy < yhi; oy++) {                                                 \
+                T *row = dxp + (oy * sh - ph + ki * dh) * w;                                     \
+                const idx off = kj * dw - pw;                                                    \
+                const T *g = dyp + oy * ow;                                                      \
+                if (sw == 1)                                                                     \
+                    for (idx ox = xlo; ox < xhi; ox++) row[ox + off] += wv * g[ox];              \
+                else                                                                             \
+                    for (idx ox = xlo; ox < xhi; ox++) row[ox * sw + off] += wv * g[ox];         \
+            }                                                                                    \
+        }                                                                                        \
+    }                                                                                            \
+}                                                                                                \
+                                                                                                 \
+/* Depthwise weight gradient of one channel: dwt[ch] (KH, KW) += sum over images and outputs of \
+ * dy * x at each tap.  A row's products are summed in 8 lanes (a fixed order the compiler can  \
+ * vectorise), the rows of every image in double, then added to dwt once. */                    \
+KERNEL static void dwconv_wgrad_channel_##SUF(const struct dw_job *j, idx ch)                    \
+{                                                                                                \
+    const idx n = j->n, c = j->c, h = j->h, w = j->w, kh = j->kh, kw = j->kw, oh = j->oh;        \
+    const idx ow = j->ow, sh = j->sh, sw = j->sw, ph = j->ph, pw = j->pw, dh = j->dh;            \
+    const idx dw = j->dw;                                                                        \
+    const T *x = (const T *)j->a, *dy = (const T *)j->b;                                         \
+    T *dwt = (T *)j->out;                                                                        \
+    for (idx ki = 0; ki < kh; ki++) {                                                            \
+        idx ylo, yhi;                                                                            \
+        valid_range(oh, h, sh, ph, ki * dh, &ylo, &yhi);                                         \
+        for (idx kj = 0; kj < kw; kj++) {                                                        \
+            idx xlo, xhi;                                                                        \
+            valid_range(ow, w, sw, pw, kj * dw, &xlo, &xhi);                                     \
+            double total = 0;                                                                    \
+            for (idx im = 0; im < n; im++) {                                                     \
+                const T *xp = x + (im * c + ch) * h * w, *dyp = dy + (im * c + ch) * oh * ow;    \
+                for (idx oy = ylo; oy < yhi; oy++) {                                             \
+                    const T *row = xp + (oy * sh - ph + ki * dh) * w;                            \
+                    const idx off = kj * dw - pw;                                                \
+                    const T *g = dyp + oy * ow;                                                  \
+                    T lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};                                        \
+                    idx ox = xlo;                                                                \
+                    for (; ox + 8 <= xhi; ox += 8)                                               \
+                        for (int l = 0; l < 8; l++)                                              \
+                            lane[l] += g[ox + l] * row[(ox + l) * sw + off];                     \
+                    for (int l = 0; ox < xhi; ox++, l++)                                         \
+                        lane[l] += g[ox] * row[ox * sw + off];                                   \
+                    total += (double)(((lane[0] + lane[1]) + (lane[2] + lane[3]))                \
+                                      + ((lane[4] + lane[5]) + (lane[6] + lane[7])));            \
+                }                                                                                \
+            }                                                                                    \
+            dwt[(ch * kh + ki) * kw + kj] += (T)total;                                           \
+        }                                                                                        \
+    }                                                                                            \
+}                                                                                                \
+                                                                                                 \
+/* The three entry points: a, b, out as each item function reads them; ``threads`` workers. */  \
+void c8l_dwconv_fwd_##SUF(const T *x, const T *wt, idx n, idx c, idx h, idx w, idx kh, idx kw,   \
+                          idx ph, idx pw, idx sh, idx sw, idx dh, idx dw, idx oh, idx ow, T *y,  \
+                          idx threads)                                                           \
+{                                                                                                \
+    struct dw_job j = {x, wt, y, n, c, h, w, kh, kw, ph, pw, sh, sw, dh, dw, oh, ow, n * c, 0,   \
+                       dwconv_fwd_plane_##SUF};                                                  \
+    dw_run(&j, threads);                                                                         \
+}                                                                                                \
+void c8l_dwconv_bwd_##SUF(const T *dy, const T *wt, idx n, idx c, idx h, idx w, idx kh, idx kw,  \
+                          idx ph, idx pw, idx sh, idx sw, idx dh, idx dw, idx oh, idx ow, T *dx, \
+                          idx threads)                                                           \
+{                                                                                                \
+    struct dw_job j = {dy, wt, dx, n, c, h, w, kh, kw, ph, pw, sh, sw, dh, dw, oh, ow, n * c, 0, \
+                       dwconv_bwd_plane_##SUF};                                                  \
+    dw_run(&j, threads);                                                                         \
+}                                                                                                \
+void c8l_dwconv_wgrad_##SUF(const T *x, const T *dy, idx n, idx c, idx h, idx w, idx kh, idx kw, \
+                            idx ph, idx pw, idx sh, idx sw, idx dh, idx dw, idx oh, idx ow,      \
+                            T *dwt, idx threads)                                                 \
+{                                                                                                \
+    struct dw_job j = {x, dy, dwt, n, c, h, w, kh, kw, ph, pw, sh, sw, dh, dw, oh, ow, c, 0,     \
+                       dwconv_wgrad_channel_##SUF};                                              \
+    dw_run(&j, threads);                                                                         \
 }                                                                                                \
 
 DEFINE_KERNELS(float, f32, FLT_MAX)

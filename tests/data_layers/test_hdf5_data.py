@@ -40,6 +40,35 @@ def test_shuffle_permutes_each_epoch_deterministically(digits):
     assert len(set(runs[0])) > 1
 
 
+def test_shuffled_batches_keep_rows_whole_and_cast_as_each_row(tmp_path):
+    """A batch is copied from the current file in runs of rows (one copy a run): float64 rows
+    cast to float32 as one row at a time would be, data and label of a row kept together,
+    every epoch each row once, a file's rows together (Caffe's shuffle of files, then rows)."""
+    listing = tmp_path / "list.txt"
+    first = 0
+    for name, rows in (("a.h5", 5), ("b.h5", 4)):
+        ids = numpy.arange(first, first + rows)
+        with h5py.File(tmp_path / name, "w") as f:
+            f["data"] = ids[:, None] + numpy.array([0.1, 1 / 3])     # float64, rounded on read
+            f["label"] = ids.astype(numpy.float64)
+        with open(listing, "a") as f:
+            f.write(str(tmp_path / name) + "\n")
+        first += rows
+    backend.seed(3)
+    layer, tops = build('name: "d" type: "HDF5Data" top: "data" top: "label" hdf5_data_param '
+                        f'{{ source: "{listing}" batch_size: 4 shuffle: true }}')
+    got = batches(layer, tops, 9)                     # 36 rows: four epochs of 9
+    layer.close()
+    data = numpy.concatenate([b[0] for b in got])
+    labels = numpy.concatenate([b[1] for b in got]).astype(int)
+    want = (labels[:, None] + numpy.array([0.1, 1 / 3])).astype(numpy.float32)
+    assert data.dtype == numpy.float32 and data.tobytes() == want.tobytes()
+    for epoch in labels.reshape(4, 9):
+        assert sorted(epoch) == list(range(9))
+        assert set(epoch[:5]) == {0, 1, 2, 3, 4} or set(epoch[:4]) == {5, 6, 7, 8}
+    assert len({tuple(e) for e in labels.reshape(4, 9)}) > 1
+
+
 def test_relative_paths_resolve_beside_the_list(tmp_path):
     imgs, labels = small_digits(2)
     with h5py.File(tmp_path / "x.h5", "w") as f:

@@ -6,13 +6,14 @@ against closed forms independently of the real layer implementations.
 * ``NTLinear`` — ``y = x W^T + b`` on ``x`` viewed as (N, K); W (num_output, K), b (num_output,).
 * ``NTDouble`` — ``y = 2 x`` (works in place).
 * ``NTHalfSq`` — scalar ``0.5 * sum(x^2)``, a loss layer (default loss weight 1).
+* ``NTRows``   — ``y = x * rows``, rows kept by a ``from_shapes`` reshape, reshapes counted.
 """
 import numpy
 
 from caffe8.engine import backend
 
 from caffe8 import layers  # noqa: F401  (register the real layers first)
-from caffe8.engine.layer import LAYERS, Layer, register_layer
+from caffe8.engine.layer import LAYERS, Layer, from_shapes, register_layer
 
 
 def _register(name):
@@ -104,3 +105,22 @@ class NTHalfSq(Layer):
     def backward(self, top, propagate_down, bottom):
         if propagate_down[0]:
             bottom[0].diff[...] = bottom[0].data * top[0].diff
+
+
+@_register("NTRows")
+class NTRows(Layer):
+    """``y = x * rows`` with ``rows`` (the bottom's first dimension) kept by a ``from_shapes``
+    reshape: a forward after a skipped reshape shows whether what it kept is still right. Counts
+    its reshapes in ``reshapes``."""
+    exact_num_bottom = 1
+    exact_num_top = 1
+    reshapes = 0
+
+    @from_shapes
+    def reshape(self, bottom, top):
+        self.reshapes += 1
+        self.rows = bottom[0].shape[0]
+        top[0].reshape(bottom[0].shape)
+
+    def forward(self, bottom, top):
+        top[0].data[...] = bottom[0].data * self.rows

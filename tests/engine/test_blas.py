@@ -238,3 +238,29 @@ def test_bits_do_not_depend_on_the_thread_count(shape, accumulate):
     assert all(numpy.array_equal(results[0], r) for r in results[1:])
     ref = reference(a, b) + (start if accumulate else 0)
     numpy.testing.assert_allclose(results[0], ref, rtol=0, atol=tolerance(a, b, numpy.float32) + 1e-5)
+
+
+@needs_lib
+@pytest.mark.parametrize("accumulate", [False, True])
+@pytest.mark.parametrize("shape", [(10, 4, 40), (64, 800, 500), (3, 20, 25, 576), (2, 9, 7, 5)])
+def test_a_kept_plan_gives_the_bits_of_a_fresh_one_on_new_arrays(shape, accumulate):
+    """A product's plan (layout, blocks) is kept per shapes and strides and reused with other
+    arrays of the same layout: each product over several changing inputs, in new arrays and
+    in place, has the bits of the same product planned afresh."""
+    rng = numpy.random.default_rng(len(shape))
+    *batch, m, k, n = shape
+    outs = numpy.zeros((2, *batch, m, n), numpy.float32)
+    for step in range(4):
+        a = rng.standard_normal((*batch, m, k)).astype(numpy.float32)
+        b = rng.standard_normal((n, k)).astype(numpy.float32).T         # a transposed view
+        start = rng.standard_normal((*batch, m, n)).astype(numpy.float32)
+        results = []
+        for fresh in (False, True):
+            if fresh:
+                blas._plans.clear()
+            out = outs[int(fresh)]                   # the same output array every step
+            out[...] = start
+            blas.matmul(a, b, out=out, accumulate=accumulate)
+            results.append(out.tobytes())
+        assert results[0] == results[1]
+        assert len(blas._plans) >= 1

@@ -1,6 +1,7 @@
-"""engine/native.py by itself: a library built at run time finds the shared header
-(engine/csrc/c8_kernels.h) and its cache key follows the header, and ``Kernels`` binds a family
-of float32/float64 kernels, runs them on NumPy arrays and declines what they cannot take."""
+"""engine/native.py by itself: ``address`` reads an array's data pointer; a library built at run
+time finds the shared header (engine/csrc/c8_kernels.h) and its cache key follows the header, and
+``Kernels`` binds a family of float32/float64 kernels, runs them on NumPy arrays and declines what
+they cannot take."""
 import ctypes
 import os
 import shutil
@@ -20,8 +21,8 @@ SCALE(c8t_scale_f32, float)
 SCALE(c8t_scale_f64, double)
 """
 
-pytestmark = pytest.mark.skipif(shutil.which(os.environ.get("CC", "cc")) is None,
-                                reason="no C compiler")
+needs_cc = pytest.mark.skipif(shutil.which(os.environ.get("CC", "cc")) is None,
+                              reason="no C compiler")
 
 
 @pytest.fixture
@@ -40,6 +41,7 @@ def _kernels(source):
                           "CAFFE8_TEST_KERNELS", [(["-O2", "-std=c99"], [])])
 
 
+@needs_cc
 def test_a_kernel_family_runs_on_numpy_arrays_and_declines_the_rest(source):
     k = _kernels(source)
     assert k.library_file().startswith(native.cache_dir())
@@ -56,6 +58,7 @@ def test_a_kernel_family_runs_on_numpy_arrays_and_declines_the_rest(source):
     assert k.use_native(True) is False and k.enabled_for(numpy.zeros(2))
 
 
+@needs_cc
 def test_the_cache_key_follows_the_shared_header(source, tmp_path, monkeypatch):
     first = native.compile_cached(source, "_scale", ["-O2"], [])
     header = tmp_path / "c8_kernels.h"
@@ -63,3 +66,18 @@ def test_the_cache_key_follows_the_shared_header(source, tmp_path, monkeypatch):
                       + "\n/* edited */\n")
     monkeypatch.setattr(native, "_HEADERS", (str(header),))
     assert native.compile_cached(source, "_scale", ["-O2"], []) != first
+
+
+def test_address_is_the_arrays_data_pointer():
+    """native.address (read from NumPy's object layout where it is CPython's) gives what
+    ``ctypes.data`` gives, for views of every kind and arrays that die and are made again."""
+    from caffe8.engine.native import address
+    base = numpy.arange(2 * 3 * 5 * 7, dtype=numpy.float64).reshape(2, 3, 5, 7)
+    views = [base, base.T, base[:, 1:, ::2], base[..., ::-1], base[1, 2], base[0, 0, 0, 0:0],
+             base.reshape(-1)[5:].view(numpy.float32), numpy.array(3.0), numpy.zeros(4, bool),
+             numpy.asfortranarray(base)]
+    for v in views:
+        assert address(v) == v.ctypes.data
+    for _ in range(50):   # new objects at recycled addresses read their own pointer
+        a = numpy.empty(int(numpy.random.default_rng().integers(1, 1000)))
+        assert address(a) == a.ctypes.data

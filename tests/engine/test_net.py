@@ -524,3 +524,98 @@ def test_a_net_of_many_layers_logs_the_first_ones_and_a_summary():
     assert f"... of layers {shown + 1} to {count + 1}, 0 need backward computation" in lines
     assert lines[-1] == "Network initialization done."
     assert net.param.layer[-1].name == f"r{count - 1}"  # the text's cut left the net whole
+
+
+# --- reshapes skipped while the shapes hold (engine.layer.from_shapes) ----------------------------
+INPUT = """layer { name: "in" type: "Input" top: "x" input_param { shape { dim: 3 dim: 4 } } }
+"""
+
+
+def test_a_from_shapes_reshape_runs_only_when_a_shape_moved():
+    """The Net skips a marked reshape while every bottom and top keeps the shape it left; a new
+    batch size, a top reshaped from outside, or the layer reshaped directly with other blobs
+    (what it keeps changes) each make the next pass reshape it."""
+    net = build(INPUT + 'layer { name: "r" type: "NTRows" bottom: "x" top: "y" }\n')
+    layer = net.layers[1]
+    x = net.blobs["x"]
+    x.data[...] = 1.0
+    counts = []
+    for rows in (3, 3, 5, 5, 3):
+        if x.shape[0] != rows:
+            x.reshape(rows, 4)
+            x.data[...] = 1.0
+        net.forward()
+        counts.append(layer.reshapes)
+        assert (net.blobs["y"].data == rows).all() and net.blobs["y"].shape == (rows, 4)
+    assert counts == [1, 1, 2, 2, 3]          # setup's reshape, then only when the rows moved
+    net.blobs["y"].reshape(1, 1)              # moved from outside: reshaped back
+    net.forward()
+    assert layer.reshapes == 4 and net.blobs["y"].shape == (3, 4)
+    from caffe8.engine.blob import Blob
+    layer.reshape([Blob((7, 4))], [Blob(())])  # kept rows = 7, recorded for those blobs
+    net.forward()
+    assert layer.reshapes == 6 and (net.blobs["y"].data == 3).all()
+
+
+def test_an_unmarked_override_is_reshaped_every_pass():
+    """A subclass that overrides a marked reshape (and calls it) is not skipped: the mark is
+    the function's, not the class's."""
+    from tests.engine.net_test_layers import NTRows
+
+    class Counted(NTRows):
+        def reshape(self, bottom, top):
+            super().reshape(bottom, top)
+    net = build(INPUT + 'layer { name: "r" type: "NTRows" bottom: "x" top: "y" }\n')
+    layer = net.layers[1]
+    layer.__class__ = Counted
+    before = layer.reshapes
+    for _ in range(3):
+        net.forward()
+    assert layer.reshapes == before + 3
+
+
+REAL_NET = """layer { name: "in" type: "Input" top: "data" top: "label"
+  input_param { shape { dim: 6 dim: 3 dim: 8 dim: 8 } shape { dim: 6 } } }
+layer { name: "conv" type: "Convolution" bottom: "data" top: "conv"
+  convolution_param { num_output: 4 kernel_size: 3 pad: 1 weight_filler { type: "xavier" }
+  bias_filler { type: "uniform" min: -0.1 max: 0.1 } } }
+layer { name: "relu" type: "ReLU" bottom: "conv" top: "conv" }
+layer { name: "pool" type: "Pooling" bottom: "conv" top: "pool"
+  pooling_param { pool: MAX kernel_size: 2 stride: 2 } }
+layer { name: "drop" type: "Dropout" bottom: "pool" top: "pool" dropout_param { dropout_ratio: 0.3 } }
+layer { name: "ip" type: "InnerProduct" bottom: "pool" top: "ip"
+  inner_product_param { num_output: 5 weight_filler { type: "xavier" } } }
+layer { name: "sig" type: "Sigmoid" bottom: "ip" top: "sig" }
+layer { name: "ip2" type: "InnerProduct" bottom: "sig" top: "ip2"
+  inner_product_param { num_output: 3 weight_filler { type: "xavier" } } }
+layer { name: "prob" type: "Softmax" bottom: "ip2" top: "prob" }
+layer { name: "acc" type: "Accuracy" bottom: "ip2" bottom: "label" top: "acc" }
+layer { name: "loss" type: "SoftmaxWithLoss" bottom: "ip2" bottom: "label" top: "loss" }
+"""
+
+
+def test_skipped_reshapes_give_the_bits_of_reshaping_every_pass():
+    """The real layers whose reshape is marked, trained by forward + backward over passes
+    whose data and batch size change (6, 6, 4, 4, 6 images): the same outputs and gradients as
+    a Net that reshapes every layer every pass, bit for bit."""
+    from caffe8.engine import backend
+    results = []
+    for every_pass in (False, True):
+        backend.seed(4)
+        net = build(REAL_NET)
+        rng = numpy.random.default_rng(9)
+        out = []
+        for batch in (6, 6, 4, 4, 6):
+            for name, shape in (("data", (batch, 3, 8, 8)), ("label", (batch,))):
+                net.blobs[name].reshape(shape)
+            net.blobs["data"].data[...] = rng.standard_normal((batch, 3, 8, 8))
+            net.blobs["label"].data[...] = rng.integers(0, 3, batch)
+            if every_pass:
+                for layer in net.layers:
+                    layer.shapes_seen = None
+            net.clear_param_diffs()
+            net.forward_backward()
+            out += [net.blobs[n].data.tobytes() for n in ("prob", "acc", "loss")]
+            out += [net.flat_diff.tobytes(), net.blobs["data"].diff.tobytes()]
+        results.append(out)
+    assert results[0] == results[1]

@@ -144,3 +144,26 @@ def test_too_many_layers_are_refused_before_parsing(tmp_path, monkeypatch):
     monkeypatch.setenv("CAFFE8_MAX_LAYERS", "many")
     with pytest.raises(PrototxtError, match="CAFFE8_MAX_LAYERS='many': not a whole number"):
         parse_file(str(path))
+
+
+def test_set_fields_are_plain_attributes_and_no_field_hides_a_method():
+    """A Message keeps its set fields in its ``__dict__`` and its type's scalar defaults on its
+    class (a read is a plain attribute lookup, not ``__getattr__``): no field of the schema may
+    be named like a method or attribute of the class, which a field would hide; a cleared field
+    reads its default again; copies keep the two one dict."""
+    from caffe8.engine.message import Message
+    from caffe8.engine.schema import SCHEMA
+    fields = {name for spec in SCHEMA.values() for name in spec}
+    assert not fields & set(dir(Message))
+    m = parse_text('base_lr: 0.5 comm { codec: "fp8" }', "s.prototxt", "SolverParameter")
+    c = m.copy()
+    for msg in (m, c):
+        assert msg.__dict__ is msg._values and msg.__dict__["base_lr"] == 0.5
+        assert msg.momentum == 0.0 and not msg.has("momentum") and msg.comm.codec == "fp8"
+    c.base_lr = 0.25
+    assert (m.base_lr, c.base_lr) == (0.5, 0.25)
+    c.momentum = 0.9
+    assert (m.momentum, c.momentum, c.has("momentum")) == (0.0, 0.9, True)
+    c.clear("momentum")
+    assert (c.momentum, c.has("momentum")) == (0.0, False)
+    assert "momentum" not in type(m).__dict__["__slots__"] and type(m).momentum == 0.0

@@ -1,5 +1,7 @@
 """engine/tester.py: the test passes of a job spread over its ranks (as Caffe's root solver runs
 test_iter batches once), and the averages over passes and ranks."""
+import time
+
 import numpy
 import pytest
 
@@ -104,3 +106,46 @@ def test_time_runs_every_layers_backward_on_a_deploy_net(monkeypatch):
     assert calls == {"Convolution": 3, "ReLU": 3, "InnerProduct": 3, "Softmax": 3}
     assert len(bwd) == 5 and bwd[1] > 0 and bwd[3] > 0
     assert any(line.startswith("Average Backward pass: ") for line in lines)
+
+
+def test_time_reports_the_nets_own_pass_beside_the_layers(monkeypatch):
+    """After Caffe's lines, ``time`` runs passes through the Net itself and splits such a pass
+    into its layers' calls (timed by the Net's hooks) and the Net's own dispatch, the rest; on a
+    GPU each layer's host time follows (here the GPU branch with the host times given)."""
+    import re
+    from caffe8.engine import tester
+    lines = []
+    tester.run_time(parse_text(DEPLOY, "deploy.prototxt"), 2, lines.append, phase="TEST")
+    text = "\n".join(lines)
+    found = re.search(r"Average Forward-Backward through the Net: ([0-9.e-]+) ms; timed layer "
+                      r"by layer with its hooks, ([0-9.e-]+) ms: the layers' calls ([0-9.e-]+) "
+                      r"ms, the Net's dispatch and the hooks ([0-9.e-]+) ms\.", text)
+    assert found and float(found.group(1)) > 0 and 0 < float(found.group(3)) < float(found.group(2))
+    assert float(found.group(4)) == pytest.approx(float(found.group(2)) - float(found.group(3)),
+                                                  rel=1e-4, abs=1e-4)
+    assert lines.index(found.group(0)) < len(lines) - 2          # before Total Time
+    assert "host forward" not in text                            # the host is the device here
+    net = Net(parse_text(DEPLOY, "deploy.prototxt"), phase="TEST")
+    monkeypatch.setattr(tester.backend, "on_gpu", lambda: True)
+    monkeypatch.setattr(tester, "net_pass_ms", lambda net, iterations: 7.0)
+    monkeypatch.setattr(tester, "layer_calls_in_net_ms", lambda net, iterations: (8.0, 5.0))
+    gpu = []
+    host = numpy.arange(2 * len(net.layers), dtype=float).reshape(2, -1)
+    tester._log_framework_cost(net, 2, host, gpu.append)
+    assert gpu[0] == ("Average Forward-Backward through the Net: 7 ms; timed layer by layer with "
+                      "its hooks, 8 ms: the layers' calls 5 ms, the Net's dispatch and the hooks "
+                      "3 ms.")
+    assert gpu[3].endswith("host forward: 1 ms, host backward: 6 ms.")   # layer 1: n + 1
+    assert gpu[-1] == f"Average host time of the layers: {tester.fmt(host.sum())} ms."
+
+
+def test_the_layers_calls_in_a_net_pass_are_timed_by_its_hooks(monkeypatch):
+    """layer_calls_in_net_ms adds up the time between the Net's before and after hooks of
+    every layer, forward and backward: layers that sleep a known time are found in it."""
+    from caffe8.engine import tester
+    from caffe8.engine.layer import LAYERS
+    monkeypatch.setattr(LAYERS["ReLU"], "forward",
+                        lambda self, bottom, top: time.sleep(0.01))
+    net = Net(parse_text(DEPLOY, "deploy.prototxt"), phase="TEST")
+    hooked, inside = tester.layer_calls_in_net_ms(net, 3)
+    assert 10 <= inside <= hooked < 10 + 1000

@@ -106,3 +106,22 @@ def test_gpu_matches_cpu():
     labels = rng.integers(0, 4, (3, 2, 3)).astype(float)
     assert_gpu_matches_cpu(acc_text("top_k: 2 ignore_label: 1", two_tops=True), [x, labels],
                            n_top=2, backward=False)
+
+
+@pytest.mark.parametrize("top_k", [1, 2])
+def test_without_ignore_label_equals_the_masked_path_bit_for_bit(top_k):
+    """Without an ignore_label the layer counts every position without a mask; an
+    ignore_label no position carries takes the masked path: the same accuracy and per-class
+    accuracy over batches that change (ties included)."""
+    rng = numpy.random.default_rng(4)
+    def text(extra):
+        return ('name: "acc" type: "Accuracy" bottom: "x" bottom: "label" top: "acc" '
+                f'top: "per" accuracy_param {{ top_k: {top_k} {extra} }}')
+    plain = make(text(""), dtype=numpy.float32)
+    masked = make(text("ignore_label: 9"), dtype=numpy.float32)
+    for step in range(4):
+        x = rng.integers(0, 3, (6, 5, 3)).astype(numpy.float32)   # small integers: ties
+        labels = rng.integers(0, 5, (6, 3)).astype(numpy.float32)
+        got = [tuple(t.data.tobytes() for t in run(layer, [x, labels], 2, numpy.float32)[1])
+               for layer in (plain, masked)]
+        assert got[0] == got[1]

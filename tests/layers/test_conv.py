@@ -27,6 +27,10 @@ CASES = [
      "dilation: 1 dilation: 2 group: 3", (1, 3), (1, 2), (1, 2), 3),
     ((2, 3, 5, 4), "num_output: 5 kernel_size: 1 bias_term: false", (1, 1), (0, 0), (1, 1), 1),
     ((1, 2, 7, 7), "num_output: 2 kernel_size: 2 stride: 3", (3, 3), (0, 0), (1, 1), 1),
+    # depthwise (group = channels = outputs): the direct C kernels
+    ((2, 4, 7, 6), "num_output: 4 kernel_size: 3 pad: 1 group: 4", (1, 1), (1, 1), (1, 1), 4),
+    ((2, 3, 9, 8), "num_output: 3 kernel_h: 3 kernel_w: 5 stride_h: 2 stride_w: 1 pad_h: 1 "
+     "pad_w: 2 dilation: 2 group: 3", (2, 1), (1, 2), (2, 2), 3),
 ]
 
 
@@ -43,7 +47,7 @@ def test_forward_matches_direct_loops(shape, body, stride, pad, dilation, group)
     numpy.testing.assert_allclose(got, expected, rtol=1e-12, atol=1e-12)
 
 
-@pytest.mark.parametrize("shape,body", [(c[0], c[1]) for c in CASES[:5]])
+@pytest.mark.parametrize("shape,body", [(c[0], c[1]) for c in CASES[:5] + CASES[6:]])
 def test_gradients(shape, body):
     layer, bottom, top = build(conv_text(body), [RNG.standard_normal(shape)])
     set_params(layer)
@@ -428,3 +432,95 @@ def test_columns_are_not_kept_across_a_forward_of_the_per_image_layout():
         geo.weight_gradient(x, dy, kept, kept=token)
         geo.weight_gradient(x, dy, plain)
         assert numpy.array_equal(kept, plain)
+
+
+@pytest.mark.parametrize("kind", ["Convolution", "Deconvolution"])
+def test_depthwise_direct_kernels_agree_with_im2col_over_steps(kind, monkeypatch):
+    """Depthwise layers (group = channels = outputs) run the direct C kernels (forward,
+    backward-data, weight gradient); over steps of changing data, float32 as in training, their
+    outputs and gradients equal the plain path's (NumPy im2col + GEMM) to float32 rounding, and
+    the weight gradient accumulates across steps as the plain path's does."""
+    from caffe8.layers import native
+    ran = []
+    direct = native.depthwise_forward
+    monkeypatch.setattr(native, "depthwise_forward", lambda *a: ran.append(1) or direct(*a))
+    text = (f'name: "dw" type: "{kind}" convolution_param {{ num_output: 6 kernel_size: 3 '
+            'stride: 2 pad: 1 group: 6 weight_filler { type: "gaussian" std: 0.3 } '
+            'bias_filler { type: "gaussian" std: 0.1 } }')
+    rng = numpy.random.default_rng(8)
+    xs = rng.standard_normal((3, 3, 6, 13, 11)).astype(numpy.float32)   # a batch a step
+    runs = []
+    for plain in (False, True):
+        saved = native.use_native(not plain)
+        try:
+            layer, bottom, top = build(text, [xs[0]], dtype=numpy.float32)
+            set_params(layer)
+            out = []
+            for step, x in enumerate(xs):
+                bottom[0].data[...] = x
+                (y,) = forward(layer, bottom, top)
+                top[0].diff[...] = numpy.random.default_rng(step).standard_normal(y.shape)
+                layer.backward(top, [True], bottom)
+                out.append([y.copy(), bottom[0].diff.copy(), layer.blobs[0].diff.copy(),
+                            layer.blobs[1].diff.copy()])
+            runs.append(out)
+        finally:
+            native.use_native(saved)
+    assert ran                                              # the direct path ran
+    for fast, ref in zip(*runs):
+        for a, b in zip(fast, ref):
+            numpy.testing.assert_allclose(a, b, rtol=0, atol=2e-6 * max(1, numpy.abs(b).max()))
+
+
+@pytest.mark.parametrize("group", [1, 2])
+def test_pointwise_weight_gradient_per_image_agrees_with_batch_columns(group, monkeypatch):
+    """A 1x1 convolution of at least PER_IMAGE_MIN_POSITIONS outputs accumulates its weight
+    gradient one image at a time (x is its own columns, as Caffe's loop); over steps whose
+    gradients accumulate into the same diff, float32, it equals the batch-columns product to
+    rounding."""
+    text = (f'name: "pw" type: "Convolution" convolution_param {{ num_output: 6 kernel_size: 1 '
+            f'group: {group} bias_term: false }}')
+    rng = numpy.random.default_rng(5)
+    xs = rng.standard_normal((3, 2, 4, 24, 24)).astype(numpy.float32)     # 576 positions
+    dys = rng.standard_normal((3, 2, 6, 24, 24)).astype(numpy.float32)
+    diffs = []
+    for threshold in (conv_module.PER_IMAGE_MIN_POSITIONS, 10 ** 9):     # per image, batch
+        monkeypatch.setattr(conv_module, "PER_IMAGE_MIN_POSITIONS", threshold)
+        layer, bottom, top = build(text, [xs[0]], dtype=numpy.float32)
+        set_params(layer)
+        out = []
+        for x, dy in zip(xs, dys):
+            bottom[0].data[...] = x
+            forward(layer, bottom, top)
+            top[0].diff[...] = dy
+            layer.backward(top, [False], bottom)
+            out.append(layer.blobs[0].diff.copy())
+        diffs.append(out)
+    for fast, ref in zip(*diffs):
+        assert numpy.abs(ref).max() > 1
+        numpy.testing.assert_allclose(fast, ref, rtol=0, atol=3e-6 * numpy.abs(ref).max())
+
+
+def test_depthwise_bits_do_not_depend_on_the_thread_count():
+    """The depthwise kernels split their planes (and the weight gradient its channels) over the
+    host GEMM's worker count, each item whole on one thread: 1, 2 and 3 workers, same bits."""
+    from caffe8.engine import blas
+    rng = numpy.random.default_rng(6)
+    x = rng.standard_normal((3, 5, 17, 15)).astype(numpy.float32)
+    text = ('name: "dw" type: "Convolution" convolution_param { num_output: 5 kernel_size: 3 '
+            'pad: 1 group: 5 }')
+    results = []
+    saved = blas.threads()
+    try:
+        for workers in (1, 2, 3):
+            blas.set_num_threads(workers)
+            layer, bottom, top = build(text, [x], dtype=numpy.float32)
+            set_params(layer)
+            (y,) = forward(layer, bottom, top)
+            top[0].diff[...] = y * 0.5 - 1
+            layer.backward(top, [True], bottom)
+            results.append(b"".join(a.tobytes() for a in (y, bottom[0].diff,
+                                                         layer.blobs[0].diff)))
+    finally:
+        blas.set_num_threads(saved)
+    assert results[0] == results[1] == results[2]

@@ -175,3 +175,31 @@ def test_gpu_label_out_of_range_names_layer():
         layer.setup(bottom, top)
         with pytest.raises(LayerError, match="layer 'loss'.*label 3 out of range"):
             layer.forward(bottom, top)
+
+
+@pytest.mark.parametrize("mode", ["VALID", "FULL", "BATCH_SIZE", "NONE"])
+def test_without_ignore_label_equals_the_masked_path_bit_for_bit(mode):
+    """Without an ignore_label the layer skips its mask (the in-place backward, no where/valid
+    products); an ignore_label no position carries runs the masked path on the same batches:
+    the same bits, forward and backward, over batches that change, float32 as in training."""
+    rng = numpy.random.default_rng(12)
+    plain = make(loss_text(f"normalization: {mode}"), dtype=numpy.float32)
+    masked = make(loss_text(f"normalization: {mode} ignore_label: 7"), dtype=numpy.float32)
+    runs = {}
+    for name, layer in (("plain", plain), ("masked", masked)):
+        bottom, top = [blob(numpy.zeros((3, 4, 2, 5)), numpy.float32),
+                       blob(numpy.zeros((3, 2, 5)), numpy.float32)], tops(1, numpy.float32)
+        layer.setup(bottom, top)
+        runs[name] = (layer, bottom, top)
+    for step in range(4):
+        x = (rng.standard_normal((3, 4, 2, 5)) * (1 + step)).astype(numpy.float32)
+        labels = rng.integers(0, 4, (3, 2, 5)).astype(numpy.float32)
+        got = []
+        for layer, bottom, top in runs.values():
+            bottom[0].data[...], bottom[1].data[...] = x, labels
+            layer.reshape(bottom, top)
+            layer.forward(bottom, top)
+            diff = run_backward(layer, bottom, top, [numpy.array(0.5 + step)], [True, False])[0]
+            got.append((top[0].data.tobytes(), diff.tobytes()))
+        assert runs["plain"][0].valid is None and runs["masked"][0].valid is not None
+        assert got[0] == got[1]
