@@ -37,7 +37,7 @@ import time
 
 import numpy
 
-from scripts._runs import write_rows
+from studies._runs import write_rows
 
 FIELDS = ("program", "round", "us_per_step", "load_1min")
 NET = """name: "LogisticRegressionNet"

@@ -29,7 +29,7 @@ import statistics
 import sys
 
 from caffe8.cluster import ClusterError, EmulatedCluster
-from scripts._runs import REPO, iteration_walls, read_timing_log, write_rows
+from studies._runs import REPO, iteration_walls, read_timing_log, write_rows
 
 FIELDS = ("round", "link", "mean_seconds", "median_seconds", "max_seconds", "ratio_to_clean",
           "lost_packets", "retransmitted", "fast_retransmits", "loss_probes", "timeouts",
