@@ -38,7 +38,8 @@ Registry: ``create_transport(name, comm, processes_per_node=0, waiter=BLOCKING)`
 import os
 import numpy
 
-from caffe8.comm.collective import BLOCKING, Scratch, collective, in_place
+from caffe8.comm.arithmetic import HOST
+from caffe8.comm.collective import BLOCKING, Scratch, collective, in_place, max_over
 from caffe8.comm.ipc import DeviceArena
 from caffe8.comm.mpi import mpi_module, node_comms
 from caffe8.comm.shm import SharedArena
@@ -64,35 +65,6 @@ def create_transport(name, comm, processes_per_node=0, waiter=BLOCKING):
         raise ValueError(f"Unrecognized transport: {name!r}, valid: "
                          + ", ".join(sorted(TRANSPORTS)))
     return TRANSPORTS[name](comm, processes_per_node, waiter)
-
-
-def reduce_scatter_ordered(comm, buf, wire, scratch, waiter=BLOCKING):
-    """Reduce-scatter in place: block ``rank`` of ``buf`` becomes the sum of every rank's block.
-
-    ``buf`` is split into n equal blocks. One Alltoallv (no self block: nothing is copied
-    locally) hands rank r the r-th block of every other rank; rank r then adds the n blocks
-    itself in ascending source rank, ((x0 + x1) + x2) + ..., so the order is fixed and known
-    (the tests' NumPy simulation repeats it) rather than whatever MPICH's reduce-scatter picks.
-    The chain ends in ``buf``'s own block: once the running sum reaches the term x_r it is
-    added *into* that block (dst = src + dst is exact-commutative), and later terms follow it.
-    Returns that block (a view of ``buf``).
-    """
-    n, r = comm.Get_size(), comm.Get_rank()
-    blocks = buf.reshape(n, -1)
-    if n == 1:
-        return blocks[0]
-    size = blocks.shape[1]
-    items = wire.items(size)
-    recv = scratch.get((n - 1) * size, wire.dtype).reshape(n - 1, size)
-    counts = [items] * n
-    counts[r] = 0
-    sdispls = [j * items for j in range(n)]
-    rdispls = [(j - (j > r)) * items for j in range(n)]   # peer j -> row j (j < r) or j-1
-    rdispls[r] = 0
-    collective(waiter, "Alltoallv", comm, [buf, (counts, sdispls), wire.datatype],
-               [recv, (counts, rdispls), wire.datatype])
-    terms = [recv[j - (j > r)] if j != r else blocks[r] for j in range(n)]
-    return _ordered_chain(terms, r, wire.local_sum)
 
 
 def _ordered_chain(terms, r, local_sum, start=None, copy=None):
@@ -126,6 +98,141 @@ def ordered_sum(terms, local_sum):
     return _ordered_chain(list(terms), 0, local_sum)
 
 
+class Level:
+    """One level of an ordered sum: ``count`` processes, this one at ``index``. Block j of a
+    span belongs to the level's process j: :meth:`reduce_scatter` hands each process the blocks
+    of its index from every process (the transport's moves: ``post``, then ``gathered``) and
+    adds them in ascending rank into its own block; :meth:`allgather` copies every finished
+    block to every process. Subclasses move the bytes (MPI messages, node-shared memory,
+    caffe8.ddp's torch.distributed); the order of the additions is this class's alone."""
+    index, count = 0, 1
+
+    def post(self, span, wire):
+        """Start moving the blocks of ``span`` (block j to the level's process j); returns what
+        :meth:`gathered` takes. A transport whose moves are asynchronous can post them early
+        (``ordered_levels(..., posted=)``)."""
+        raise NotImplementedError
+
+    def gathered(self, span, posted):
+        """Block ``index`` of every process of the level, in rank order, this process's own
+        (the block of ``span``) at ``index``: the moves of ``posted`` complete."""
+        raise NotImplementedError
+
+    def release(self, posted):
+        """The receive buffers of ``posted`` are free again."""
+
+    def reduce_scatter(self, span, wire, arith=HOST, posted=None):
+        """This process's block of ``span`` becomes the sum of every process's, added in
+        ascending rank ((x0 + x1) + x2) + ... with ``arith``'s sum of ``wire``; returns it (a
+        view of ``span``)."""
+        own = span.reshape(self.count, -1)[self.index]
+        if self.count == 1:
+            return own
+        if posted is None:
+            posted = self.post(span, wire)
+        terms = [arith.array(t) for t in self.gathered(span, posted)]
+        _ordered_chain(terms, self.index, arith.local_sum(wire))
+        self.release(posted)
+        return own
+
+    def hand_on(self, own, span, host):
+        """Where the next level sums this level's block ``own``: ``own`` itself (a node-shared
+        device arena: its host mirror's span, ``host`` or ``span``)."""
+        return own
+
+    def take_back(self, own, staged):
+        """The next level's result ``staged`` back into ``own`` (after :meth:`hand_on`)."""
+
+    def allgather(self, span, wire):
+        """Every process's finished block of ``span`` copied to all processes of the level."""
+        raise NotImplementedError
+
+
+def ordered_levels(levels, buf, wire, between=None, host=None, arith=HOST, posted=None):
+    """Sum ``buf`` in place over ``levels`` (comm/allreduce.py's rsag: one level; the
+    hierarchical sum: inside the node, then across nodes): each level adds the blocks of its
+    index in ascending rank (:meth:`Level.reduce_scatter`) and the next level works on the
+    block it owns; ``between(block)`` (an array of ``arith``) runs on the first level's block
+    when another level follows (fp8: x1/nodes, tensor by tensor); then the levels' allgathers
+    in reverse. Every element is added on exactly one process, in one order, so every process
+    ends with the same bytes. ``host``: the host mirror of a device ``buf`` (``hand_on``);
+    ``posted``: the first level's moves, already posted (``Level.post``)."""
+    down, span = [], buf
+    for depth, level in enumerate(levels):
+        own = level.reduce_scatter(span, wire, arith, posted if depth == 0 else None)
+        staged = own
+        if depth + 1 < len(levels):
+            staged = level.hand_on(own, span, host)
+            if depth == 0 and between is not None:
+                between(arith.array(staged))
+        down.append((level, span, own, staged))
+        span = staged
+    for depth, (level, span, own, staged) in reversed(list(enumerate(down))):
+        if depth + 1 < len(levels):
+            level.take_back(own, staged)
+        level.allgather(span, wire)
+    return buf
+
+
+class MessageLevel(Level):
+    """A level over an MPI communicator: one Alltoallv hands each process the blocks of its
+    index (no self block: nothing is copied locally), an in-place Allgather hands the finished
+    blocks back (the explicit order, rather than whatever MPICH's reduce-scatter picks)."""
+
+    def __init__(self, comm, waiter, scratch):
+        self.comm, self.waiter, self.scratch = comm, waiter, scratch
+        self.count, self.index = comm.Get_size(), comm.Get_rank()
+
+    def post(self, span, wire):
+        n, r = self.count, self.index
+        blocks = span.reshape(n, -1)
+        size = blocks.shape[1]
+        items = wire.items(size)
+        recv = self.scratch.get((n - 1) * size, wire.dtype).reshape(n - 1, size)
+        counts = [items] * n
+        counts[r] = 0
+        sdispls = [j * items for j in range(n)]
+        rdispls = [(j - (j > r)) * items for j in range(n)]   # peer j -> row j (j < r) or j-1
+        rdispls[r] = 0
+        collective(self.waiter, "Alltoallv", self.comm, [span, (counts, sdispls), wire.datatype],
+                   [recv, (counts, rdispls), wire.datatype])
+        return [recv[j - (j > r)] if j != r else blocks[r] for j in range(n)]
+
+    def gathered(self, span, posted):
+        return posted
+
+    def allgather(self, span, wire):
+        allgather_in_place(self.comm, span, wire, self.waiter)
+
+
+class SharedLevel(Level):
+    """A level whose processes share the wire buffers' memory (a node: comm/shm.py's host
+    arena, comm/ipc.py's device arena): the same chain of additions, reading the other
+    processes' blocks where they lie (``reduce_scatter_shared``), and the finished blocks
+    copied out of their owners' memory; a device arena hands the node's block to the next
+    level through the buffer's host mirror."""
+
+    def __init__(self, comm, arena, waiter):
+        self.comm, self.arena, self.waiter = comm, arena, waiter
+        self.count, self.index = comm.Get_size(), comm.Get_rank()
+
+    def reduce_scatter(self, span, wire, arith=HOST, posted=None):
+        return reduce_scatter_shared(self.comm, self.arena, span, wire, self.waiter)
+
+    def hand_on(self, own, span, host):
+        if host is None and self.arena.on_device:
+            raise ValueError("hierarchical sum of a device buffer: its host mirror (host=) "
+                             "carries the node's piece across nodes")
+        mirror = span if host is None else host
+        return self.arena.stage(own, mirror.reshape(self.count, -1)[self.index])
+
+    def take_back(self, own, staged):
+        self.arena.unstage(own, staged)
+
+    def allgather(self, span, wire):
+        allgather_shared(self.comm, self.arena, span, self.waiter)
+
+
 def allgather_in_place(comm, buf, wire, waiter=BLOCKING):
     """Every rank's block ``rank`` of ``buf`` copied to all ranks (MPI_IN_PLACE allgather)."""
     n = comm.Get_size()
@@ -136,7 +243,7 @@ def allgather_in_place(comm, buf, wire, waiter=BLOCKING):
 
 
 def reduce_scatter_shared(comm, arena, buf, wire, waiter=BLOCKING):
-    """:func:`reduce_scatter_ordered` on a buffer in ``arena`` (``comm``'s node memory: shared
+    """:meth:`MessageLevel.reduce_scatter` on a buffer in ``arena`` (``comm``'s node memory: shared
     host memory, comm/shm.py, or device memory, comm/ipc.py): the same chain of additions in
     ascending rank, reading the other ranks' blocks where they lie, by the arena's own
     arithmetic; the running sum never lives in another rank's memory. Returns the own block."""
@@ -201,6 +308,11 @@ class Transport:
     def parts(self):
         """Buffer lengths must be multiples of ``wire.unit * parts``."""
         return self.size
+
+    def maxima(self, values):
+        """The MAX over the processes of each float of ``values``, in one collective: the
+        codecs' agreement (comm.pipeline.Pipeline.agree)."""
+        return max_over(self.comm, values, self.waiter)
 
     #: the node-shared wire memory (reserve), and why there is none
     arena, shared_reason = None, "not reserved"
@@ -293,14 +405,15 @@ class FlatAllreduce(Transport):
 
 @register_transport("rsag")
 class ReduceScatterAllgather(Transport):
-    """Explicit reduce-scatter (Alltoallv + ordered local sum) then Allgather over all P ranks.
+    """Explicit reduce-scatter (Alltoallv + ordered local sum) then Allgather over all P ranks:
+    :func:`ordered_levels` in one level, by messages or in the node-shared arena.
 
     Each rank adds only 1/P of the vector, P-1 times, instead of the whole vector log2(P) times.
     """
 
     def __init__(self, comm, processes_per_node=0, waiter=BLOCKING):
         super().__init__(comm, processes_per_node, waiter)
-        self._scratch = Scratch()
+        self._messages = MessageLevel(comm, waiter, Scratch()) if comm is not None else None
 
     def _stage_comm(self):
         return self.comm
@@ -308,13 +421,9 @@ class ReduceScatterAllgather(Transport):
     def sum(self, buf, wire, between=None, host=None):
         if self.size == 1:
             return buf
-        if self._shared(buf):
-            reduce_scatter_shared(self.comm, self.arena, buf, wire, self.waiter)
-            allgather_shared(self.comm, self.arena, buf, self.waiter)
-            return buf
-        reduce_scatter_ordered(self.comm, buf, wire, self._scratch, self.waiter)
-        allgather_in_place(self.comm, buf, wire, self.waiter)
-        return buf
+        level = SharedLevel(self.comm, self.arena, self.waiter) if self._shared(buf) else \
+            self._messages
+        return ordered_levels([level], buf, wire)
 
 
 @register_transport("hierarchical")
@@ -336,7 +445,9 @@ class HierarchicalAllreduce(Transport):
         if comm is not None:
             self.intra, self.inter = node_comms(comm, processes_per_node)
             self.local_size, self.nodes = self.intra.Get_size(), self.inter.Get_size()
-        self._scratch = Scratch()
+            scratch = Scratch()
+            self._levels = (MessageLevel(self.intra, waiter, scratch),
+                            MessageLevel(self.inter, waiter, scratch))
 
     @property
     def stages(self):
@@ -346,37 +457,18 @@ class HierarchicalAllreduce(Transport):
         return self.intra
 
     def sum(self, buf, wire, between=None, host=None):
-        """``host``: for a ``buf`` in the device arena, its host mirror (same length), whose
-        span of the node's piece carries it through the inter-node stage: only that 1/P' of
-        the buffer crosses to host memory and back, and ``between`` sees host memory."""
+        """:func:`ordered_levels` inside the node (by messages or in the node-shared arena),
+        then across nodes. ``host``: for a ``buf`` in the device arena, its host mirror (same
+        length), whose span of the node's piece carries it through the inter-node stage: only
+        that 1/P' of the buffer crosses to host memory and back, and ``between`` sees host
+        memory."""
         if self.size == 1:
             return buf
-        w = self.waiter
-        shared = self._shared(buf)
-        if shared:
-            piece = reduce_scatter_shared(self.intra, self.arena, buf, wire, w)
-        else:
-            piece = reduce_scatter_ordered(self.intra, buf, wire, self._scratch, w)
-        if self.nodes > 1:
-            staged = piece
-            if shared:
-                if host is None and self.arena.on_device:
-                    raise ValueError("hierarchical sum of a device buffer: its host mirror "
-                                     "(host=) carries the node's piece across nodes")
-                mirror = buf if host is None else host
-                staged = self.arena.stage(piece, mirror.reshape(self.local_size, -1)[
-                    self.intra.Get_rank()])
-            if between is not None:
-                between(staged)
-            reduce_scatter_ordered(self.inter, staged, wire, self._scratch, w)
-            allgather_in_place(self.inter, staged, wire, w)
-            if shared:
-                self.arena.unstage(piece, staged)
-        if shared:
-            allgather_shared(self.intra, self.arena, buf, w)
-        else:
-            allgather_in_place(self.intra, buf, wire, w)
-        return buf
+        intra, inter = self._levels
+        if self._shared(buf):
+            intra = SharedLevel(self.intra, self.arena, self.waiter)
+        return ordered_levels([intra, inter] if self.nodes > 1 else [intra], buf, wire,
+                              between, host)
 
     def free(self):
         self.close_arena()

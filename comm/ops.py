@@ -14,6 +14,7 @@ The user-op callbacks turn MPI's buffers into numpy views (no copy) and call the
 GIL released). With the comm block's ``rounding: "oyama"`` the fp8 op is FP8_OYAMA_SUM instead,
 the sum of Oyama, Nomura, Sato and Matsuoka's Algorithm 2 (truncating to fp8 after a half).
 """
+import functools
 from dataclasses import dataclass
 
 import numpy
@@ -26,13 +27,22 @@ ITEM_BYTES = 16  # one MPI item: 128 bits, as in Oyama et al.'s AVX kernels
 
 @dataclass(frozen=True)
 class WireOp:
-    """How one wire format is summed. ``unit`` elements of ``dtype`` make one MPI item."""
+    """How one wire format is summed. ``unit`` elements of ``dtype`` make one MPI item. Its MPI
+    datatype and op are made on first use (``mpi()``), so a caller whose own transport moves the
+    bytes (caffe8.ddp's torch.distributed) never initialises MPI."""
     name: str
     dtype: numpy.dtype
     unit: int
-    datatype: object      # mpi4py Datatype of one item (None when MPI is absent)
-    op: object            # mpi4py Op (None when MPI is absent)
     local_sum: object     # fn(src, dst): dst <- src + dst, same rounding as ``op``
+    mpi: object           # fn() -> (mpi4py Datatype of one item, mpi4py Op); None without MPI
+
+    @functools.cached_property
+    def datatype(self):
+        return self.mpi()[0]
+
+    @functools.cached_property
+    def op(self):
+        return self.mpi()[1]
 
     def items(self, n):
         """Number of MPI items in ``n`` wire elements (n must be a multiple of ``unit``)."""
@@ -116,15 +126,19 @@ def half_sum_op():
 
 
 def local_sum(name, rounding="nearest"):
-    """``WireOp.local_sum`` of wire format ``name`` ("fp8", "fp16" or "fp32"), without creating
-    any MPI object: for a caller whose own transport moves the bytes (caffe8.ddp's all-to-all).
-    ``rounding`` as in :func:`wire_op`."""
+    """``WireOp.local_sum`` of wire format ``name`` ("fp8", "fp16" or "fp32"); ``rounding`` as
+    in :func:`wire_op`."""
     if name == "fp8":
         return fp8_oyama_local_sum if rounding == "oyama" else fp8_local_sum
     sums = {"fp16": half_local_sum, "fp32": float_local_sum}
     if name not in sums:
         raise ValueError(f"Unrecognized wire format: {name!r}, valid: fp8, fp16, fp32")
     return sums[name]
+
+
+def _float_mpi():
+    MPI = mpi_module()
+    return (MPI.FLOAT, MPI.SUM) if MPI else (None, None)
 
 
 def wire_op(name, rounding="nearest"):
@@ -137,19 +151,15 @@ def wire_op(name, rounding="nearest"):
     key = "wire:" + name + (":oyama" if oyama else "")
     if key in _cache:
         return _cache[key]
-    MPI = mpi_module()
-    if oyama:
-        w = WireOp("fp8", numpy.dtype(numpy.uint8), ITEM_BYTES, item_datatype(),
-                   fp8_oyama_sum_op(), local_sum(name, rounding))
-    elif name == "fp8":
-        w = WireOp("fp8", numpy.dtype(numpy.uint8), ITEM_BYTES, item_datatype(), fp8_sum_op(),
-                   local_sum(name, rounding))
+    if name == "fp8":
+        op = fp8_oyama_sum_op if oyama else fp8_sum_op
+        w = WireOp("fp8", numpy.dtype(numpy.uint8), ITEM_BYTES, local_sum(name, rounding),
+                   lambda: (item_datatype(), op()))
     elif name == "fp16":
-        w = WireOp("fp16", numpy.dtype(numpy.uint16), ITEM_BYTES // 2, item_datatype(),
-                   half_sum_op(), local_sum(name))
+        w = WireOp("fp16", numpy.dtype(numpy.uint16), ITEM_BYTES // 2, local_sum(name),
+                   lambda: (item_datatype(), half_sum_op()))
     elif name == "fp32":
-        w = WireOp("fp32", numpy.dtype(numpy.float32), 1, MPI.FLOAT if MPI else None,
-                   MPI.SUM if MPI else None, local_sum(name))
+        w = WireOp("fp32", numpy.dtype(numpy.float32), 1, local_sum(name), _float_mpi)
     else:
         raise ValueError(f"Unrecognized wire format: {name!r}, valid: fp8, fp16, fp32")
     _cache[key] = w
