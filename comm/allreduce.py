@@ -89,15 +89,6 @@ def _ordered_chain(terms, r, local_sum, start=None, copy=None):
     return own
 
 
-def ordered_sum(terms, local_sum):
-    """((x0 + x1) + x2) + ... of the blocks ``terms`` (rank order, all held by the caller) into
-    ``terms[0]``, which is returned: the summation order of every explicit schedule
-    (:func:`_ordered_chain` as rank 0 runs it), for a transport that hands one process every
-    block, such as caffe8.ddp's all-to-all. ``local_sum(src, dst)``: dst <- src + dst, in place
-    (``comm.ops.local_sum``)."""
-    return _ordered_chain(list(terms), 0, local_sum)
-
-
 class Level:
     """One level of an ordered sum: ``count`` processes, this one at ``index``. Block j of a
     span belongs to the level's process j: :meth:`reduce_scatter` hands each process the blocks
@@ -172,6 +163,56 @@ def ordered_levels(levels, buf, wire, between=None, host=None, arith=HOST, poste
             level.take_back(own, staged)
         level.allgather(span, wire)
     return buf
+
+
+class RootedLevel(Level):
+    """A level moved by rooted collectives, for a transport that has them asynchronously
+    (caffe8.ddp's torch.distributed): block j of every process gathered at process j, one
+    gather per root, all posted at once, and the finished blocks broadcast back from their
+    roots; receive buffers kept for the next span of the same shape. A subclass gives
+    ``gather(j, block, rows)`` (``rows``: the receive rows at root j, None elsewhere) and
+    ``broadcast(j, block)``, each returning a handle to ``wait()`` for, and
+    ``empty_like(span)``."""
+
+    def __init__(self, count, index):
+        self.count, self.index, self._receive = count, index, {}
+
+    def post(self, span, wire):
+        free = self._receive.setdefault(self._shape(span), [])
+        scratch = free.pop() if free else self.empty_like(span)
+        rows = list(scratch.reshape(self.count, -1))
+        return scratch, [self.gather(j, block, rows if j == self.index else None)
+                         for j, block in enumerate(span.reshape(self.count, -1))]
+
+    def gathered(self, span, posted):
+        for handle in posted[1]:
+            handle.wait()
+        rows = list(posted[0].reshape(self.count, -1))
+        rows[self.index] = span.reshape(self.count, -1)[self.index]
+        return rows
+
+    def release(self, posted):
+        self._receive[self._shape(posted[0])].append(posted[0])
+
+    @staticmethod
+    def _shape(span):
+        return span.dtype, len(span), getattr(span, "device", None)
+
+    def allgather(self, span, wire):
+        for handle in [self.broadcast(j, block)
+                       for j, block in enumerate(span.reshape(self.count, -1))]:
+            handle.wait()
+
+
+def node_levels(ranks, local):
+    """The levels of a sum over ``ranks`` in nodes of ``local`` consecutive ranks, each as its
+    disjoint lists of ranks: inside each node, then across the nodes among the ranks of one
+    local index (comm.mpi.node_comms' layout with ``processes_per_node``); a level of one
+    process is none."""
+    nodes = len(ranks) // local
+    levels = [[ranks[n * local:(n + 1) * local] for n in range(nodes)],
+              [ranks[i::local] for i in range(local)]]
+    return [level for level in levels if len(level[0]) > 1]
 
 
 class MessageLevel(Level):
@@ -432,7 +473,8 @@ class HierarchicalAllreduce(Transport):
 
     1. intra-node reduce-scatter: local rank l owns piece l (1/P') and adds the P' pieces of
        its node in local-rank order;
-    2. ``between(piece)`` (fp8: divide by the number of nodes);
+    2. ``between(piece)`` (fp8: divide by the number of nodes; with one process per node there
+       is no intra-node stage and no step between, the codec folds it into its encode);
     3. inter-node reduce-scatter of that piece among the ranks with local index l (node order),
        then inter-node allgather, so each element is summed once, on one rank;
     4. intra-node allgather.
@@ -467,8 +509,10 @@ class HierarchicalAllreduce(Transport):
         intra, inter = self._levels
         if self._shared(buf):
             intra = SharedLevel(self.intra, self.arena, self.waiter)
-        return ordered_levels([intra, inter] if self.nodes > 1 else [intra], buf, wire,
-                              between, host)
+        # a level of one process is none (one process per node: no step between levels,
+        # as the codec knows from ``stages``; caffe8.ddp's levels alike)
+        return ordered_levels([level for level in (intra, inter) if level.count > 1], buf,
+                              wire, between, host)
 
     def free(self):
         self.close_arena()

@@ -12,12 +12,18 @@ where a wire buffer lies.
     view a torch tensor as NumPy or CuPy);
 ``on_host(piece)`` / ``back(piece, host)``
     the piece as host memory for the codec's between-stages step (a host table), and its result
-    back in place (on the host: the piece itself, nothing to copy).
+    back in place (on the host: the piece itself, nothing to copy);
+``on_thread()`` / ``wait(event)``
+    for a front door's thread (comm/pieces.py): a context for the thread's life, and the wait
+    for an event after which the gradients are ready (on the host: nothing to enter or wait
+    for; caffe8.ddp's CUDA side: its stream).
 
 :data:`HOST` serves NumPy arrays; :class:`Device` CuPy arrays (caffe8.ddp's CUDA side; the
 trainer's exchange sums on the GPUs through comm/ipc.py's arena, whose sums are the same
 twins).
 """
+import contextlib
+
 from caffe8.comm.ipc import device_sum
 
 
@@ -43,6 +49,14 @@ class Host:
 
     @staticmethod
     def back(piece, host):
+        pass
+
+    @staticmethod
+    def on_thread():
+        return contextlib.nullcontext()
+
+    @staticmethod
+    def wait(event):
         pass
 
 
