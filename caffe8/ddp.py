@@ -19,7 +19,7 @@ except ImportError:                                  # one line, not a traceback
                       "pip install 'caffe8[torch]' (or pip install torch)") from None
 
 from caffe8.comm import config as _config            # noqa: F401  (comm's choices in the schema)
-from caffe8.comm.allreduce import RootedLevel, node_levels
+from caffe8.comm.levels import RootedLevel, node_levels
 from caffe8.comm.arithmetic import Device, Host
 from caffe8.comm.codecs import create_codec
 from caffe8.comm.pieces import Bucket, Pieces
@@ -173,7 +173,7 @@ class _Level(RootedLevel):
 
 class _Torch:
     """torch.distributed as the pipeline's transport: the agreement's all-reduce and the levels
-    (comm.allreduce.node_levels) on communicators of the hook's own, never DDP's."""
+    (comm.levels.node_levels) on communicators of the hook's own, never DDP's."""
 
     def __init__(self, ranks, backend, local):
         self.size, self.stages, self.device = len(ranks), (local, len(ranks) // local), None

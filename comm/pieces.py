@@ -4,7 +4,7 @@ moves asynchronously (caffe8.ddp, over torch.distributed), around the steps of c
 Buckets are taken in the order they come (:meth:`Pieces.put`); each is cut into pieces of at
 most ``piece_bytes`` wire bytes. A piece is encoded and its first level's moves posted
 (``Level.post``) as soon as its bucket arrives; pieces are finished (the ordered sum's levels,
-comm.allreduce.ordered_levels, with the codec's step between them for each tensor's part, then
+comm.levels.ordered_levels, with the codec's step between them for each tensor's part, then
 the decode) oldest first, ``AHEAD`` behind the newest, and all of them whenever no bucket
 waits: so one piece's encode and transfers overlap the others', and every communicator sees
 its collectives in the same order on every rank (pieces start in order and finish in order).
@@ -25,7 +25,7 @@ import queue
 import threading
 import weakref
 
-from caffe8.comm.allreduce import ordered_levels
+from caffe8.comm.levels import ordered_levels
 from caffe8.comm.ops import padded_length
 from caffe8.comm.pipeline import Pipeline, Trip
 
@@ -39,8 +39,10 @@ class Bucket:
     """A bucket handed over (module docstring): ``key``, the same for the same bucket in every
     iteration; ``iteration``; ``event``, what ``side.wait`` waits for before the gradients are
     read; ``future`` (``set_result``, ``set_exception``, ``done``: concurrent.futures' or
-    torch's), which gets ``result`` once every piece is decoded, or the error."""
+    torch's), which gets ``result`` once every piece is decoded, or the error; ``pieces``: those
+    not finished yet (:class:`Pieces` counts them)."""
     event = None
+    pieces = 0
 
     def __init__(self, key, iteration, future, result):
         self.key, self.iteration, self.future, self.result = key, iteration, future, result
@@ -64,7 +66,7 @@ class Piece:
 
 
 class Pieces:
-    """The schedule of the module docstring over ``transport`` (``levels``: comm.allreduce
+    """The schedule of the module docstring over ``transport`` (``levels``: comm.levels
     ``Level``s; ``maxima``, ``size``, ``stages``: the seam of comm.pipeline.Pipeline) for
     ``codecs`` ({name: codec}), on a thread named ``name`` started by the first bucket."""
 
