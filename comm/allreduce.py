@@ -6,7 +6,8 @@ Every sum transport sums a 1-D numpy wire buffer in place across the processes o
 with a :class:`comm.ops.WireOp`. The buffer length must be a multiple of ``wire.unit * P``
 (``comm.ops.padded_length``). Every rank ends with bit-identical results: in the explicit
 schedules each element is summed on exactly one rank, in ascending rank order, and then copied
-to the others (allgather), so no rank ever adds the same numbers in another order.
+to the others (allgather), so no rank ever adds the same numbers in another order: rsag and the
+hierarchical sum are comm/levels.py's ordered sum in one and two levels, the ring its own.
 
 ``stages`` says how many addends the sum has before and after the optional ``between(piece)``
 callback, which the hierarchical sum runs on each intra-node partial sum before the inter-node
@@ -38,8 +39,9 @@ Registry: ``create_transport(name, comm, processes_per_node=0, waiter=BLOCKING)`
 import os
 import numpy
 
-from caffe8.comm.collective import BLOCKING, Scratch, collective, in_place
+from caffe8.comm.collective import BLOCKING, Scratch, collective, in_place, max_over
 from caffe8.comm.ipc import DeviceArena
+from caffe8.comm.levels import MessageLevel, SharedLevel, ordered_levels
 from caffe8.comm.mpi import mpi_module, node_comms
 from caffe8.comm.shm import SharedArena
 from caffe8.engine import backend
@@ -64,130 +66,6 @@ def create_transport(name, comm, processes_per_node=0, waiter=BLOCKING):
         raise ValueError(f"Unrecognized transport: {name!r}, valid: "
                          + ", ".join(sorted(TRANSPORTS)))
     return TRANSPORTS[name](comm, processes_per_node, waiter)
-
-
-#: blocks of at least this many bytes go to their peers one peer at a time (``_pairwise``)
-PAIRWISE_MIN_BYTES = 1 << 16
-_PAIRWISE_TAG = 0x0C8A
-
-
-def reduce_scatter_ordered(comm, buf, wire, scratch, waiter=BLOCKING):
-    """Reduce-scatter in place: block ``rank`` of ``buf`` becomes the sum of every rank's block.
-
-    ``buf`` is split into n equal blocks. Rank r receives the r-th block of every other rank
-    (no self block: nothing is copied locally) and then adds the n blocks itself in ascending
-    source rank, ((x0 + x1) + x2) + ..., so the order is fixed and known (the tests' NumPy
-    simulation repeats it) rather than whatever MPICH's reduce-scatter picks. The chain ends in
-    ``buf``'s own block: once the running sum reaches the term x_r it is added *into* that block
-    (dst = src + dst is exact-commutative), and later terms follow it. Returns that block (a
-    view of ``buf``).
-
-    The blocks travel by one Alltoallv, or, from 3 ranks on with blocks of at least
-    PAIRWISE_MIN_BYTES, one peer at a time (:func:`_pairwise`): the same bytes and sums.
-    """
-    n, r = comm.Get_size(), comm.Get_rank()
-    blocks = buf.reshape(n, -1)
-    if n == 1:
-        return blocks[0]
-    size = blocks.shape[1]
-    items = wire.items(size)
-    recv = scratch.get((n - 1) * size, wire.dtype).reshape(n - 1, size)
-    if n > 2 and blocks[0].nbytes >= PAIRWISE_MIN_BYTES:
-        _pairwise(comm, blocks, recv, [items, wire.datatype], waiter)
-    else:
-        counts = [items] * n
-        counts[r] = 0
-        sdispls = [j * items for j in range(n)]
-        rdispls = [(j - (j > r)) * items for j in range(n)]   # peer j -> row j (j < r) or j-1
-        rdispls[r] = 0
-        collective(waiter, "Alltoallv", comm, [buf, (counts, sdispls), wire.datatype],
-                   [recv, (counts, rdispls), wire.datatype])
-    terms = [recv[j - (j > r)] if j != r else blocks[r] for j in range(n)]
-    return _ordered_chain(terms, r, wire.local_sum)
-
-
-def _pairwise(comm, blocks, recv, count_type, waiter):
-    """An Alltoallv's exchange in n - 1 rounds: in round i rank r sends block r + i to rank
-    r + i and receives its own block from rank r - i (mod n), so each process sends one message
-    and receives one at a time. Across nodes an Alltoallv's n - 1 transfers at once converge on
-    every receiving link together (incast): a switch port's queue overflows and TCP backs off;
-    one transfer a link each way keeps the queue short."""
-    n, r = comm.Get_size(), comm.Get_rank()
-    for i in range(1, n):
-        dst, src = (r + i) % n, (r - i) % n
-        waiter.wait([comm.Irecv([recv[src - (src > r)]] + count_type, source=src,
-                                tag=_PAIRWISE_TAG),
-                     comm.Isend([blocks[dst]] + count_type, dest=dst, tag=_PAIRWISE_TAG)])
-
-
-def _ordered_chain(terms, r, local_sum, start=None, copy=None):
-    """((x0 + x1) + x2) + ... of the blocks ``terms`` (rank order; ``terms[r]`` is the own block)
-    ending in the own block, which is returned: the one summation order of every explicit
-    schedule. The running sum begins in ``terms[0]`` itself (a receive buffer), or in ``start``
-    (a scratch block, filled by ``copy(dst, src)``) when ``terms[0]`` is another rank's memory
-    and must only be read; once it reaches x_r it is added *into* the own block (dst = src + dst
-    is exact-commutative), and later terms follow it there. ``local_sum(src, dst)``:
-    dst <- src + dst."""
-    own = terms[r]
-    acc = own if r == 0 else terms[0]
-    if start is not None and r >= 2:
-        copy(start, terms[0])
-        acc = start
-    for j in range(1, len(terms)):
-        if j == r:
-            local_sum(acc, own)
-            acc = own
-        else:
-            local_sum(terms[j], acc)
-    return own
-
-
-def ordered_sum(terms, local_sum):
-    """((x0 + x1) + x2) + ... of the blocks ``terms`` (rank order, all held by the caller) into
-    ``terms[0]``, which is returned: the summation order of every explicit schedule
-    (:func:`_ordered_chain` as rank 0 runs it), for a transport that hands one process every
-    block, such as caffe8.ddp's all-to-all. ``local_sum(src, dst)``: dst <- src + dst, in place
-    (``comm.ops.local_sum``)."""
-    return _ordered_chain(list(terms), 0, local_sum)
-
-
-def allgather_in_place(comm, buf, wire, waiter=BLOCKING):
-    """Every rank's block ``rank`` of ``buf`` copied to all ranks (MPI_IN_PLACE allgather)."""
-    n = comm.Get_size()
-    if n == 1:
-        return
-    items = wire.items(buf.size) // n
-    collective(waiter, "Allgather", comm, in_place(), [buf, items, wire.datatype])
-
-
-def reduce_scatter_shared(comm, arena, buf, wire, waiter=BLOCKING):
-    """:func:`reduce_scatter_ordered` on a buffer in ``arena`` (``comm``'s node memory: shared
-    host memory, comm/shm.py, or device memory, comm/ipc.py): the same chain of additions in
-    ascending rank, reading the other ranks' blocks where they lie, by the arena's own
-    arithmetic; the running sum never lives in another rank's memory. Returns the own block."""
-    n, r = comm.Get_size(), comm.Get_rank()
-    if n == 1:
-        return buf
-    terms = [(buf if j == r else arena.peer(j, buf)).reshape(n, -1)[r] for j in range(n)]
-    arena.barrier(comm, waiter)                 # every rank's payload is in place
-    # x0 + x1 must not be written into rank 0's block: the sum starts in a scratch block
-    return _ordered_chain(terms, r, arena.local_sum(wire),
-                          start=arena.scratch(terms[r].size, terms[r].dtype), copy=arena.copy)
-
-
-def allgather_shared(comm, arena, buf, waiter=BLOCKING):
-    """:func:`allgather_in_place` on a buffer in ``arena``: copy every other rank's finished
-    block out of its memory. Barriers before (the blocks are final) and after (no rank writes
-    its buffer again, e.g. the next iteration's encoding, while another still copies from it)."""
-    n, r = comm.Get_size(), comm.Get_rank()
-    if n == 1:
-        return
-    mine = buf.reshape(n, -1)
-    arena.barrier(comm, waiter)
-    for j in range(n):
-        if j != r:
-            arena.copy(mine[j], arena.peer(j, buf).reshape(n, -1)[j])
-    arena.barrier(comm, waiter)
 
 
 def _shared_arena(comm, nbytes, kind=SharedArena):
@@ -226,6 +104,11 @@ class Transport:
     def parts(self):
         """Buffer lengths must be multiples of ``wire.unit * parts``."""
         return self.size
+
+    def maxima(self, values):
+        """The MAX over the processes of each float of ``values``, in one collective: the
+        codecs' agreement (comm.pipeline.Pipeline.agree)."""
+        return max_over(self.comm, values, self.waiter)
 
     #: the node-shared wire memory (reserve), and why there is none
     arena, shared_reason = None, "not reserved"
@@ -318,14 +201,15 @@ class FlatAllreduce(Transport):
 
 @register_transport("rsag")
 class ReduceScatterAllgather(Transport):
-    """Explicit reduce-scatter (Alltoallv + ordered local sum) then Allgather over all P ranks.
+    """Explicit reduce-scatter (Alltoallv + ordered local sum) then Allgather over all P ranks:
+    :func:`ordered_levels` in one level, by messages or in the node-shared arena.
 
     Each rank adds only 1/P of the vector, P-1 times, instead of the whole vector log2(P) times.
     """
 
     def __init__(self, comm, processes_per_node=0, waiter=BLOCKING):
         super().__init__(comm, processes_per_node, waiter)
-        self._scratch = Scratch()
+        self._messages = MessageLevel(comm, waiter, Scratch()) if comm is not None else None
 
     def _stage_comm(self):
         return self.comm
@@ -333,13 +217,9 @@ class ReduceScatterAllgather(Transport):
     def sum(self, buf, wire, between=None, host=None):
         if self.size == 1:
             return buf
-        if self._shared(buf):
-            reduce_scatter_shared(self.comm, self.arena, buf, wire, self.waiter)
-            allgather_shared(self.comm, self.arena, buf, self.waiter)
-            return buf
-        reduce_scatter_ordered(self.comm, buf, wire, self._scratch, self.waiter)
-        allgather_in_place(self.comm, buf, wire, self.waiter)
-        return buf
+        level = SharedLevel(self.comm, self.arena, self.waiter) if self._shared(buf) else \
+            self._messages
+        return ordered_levels([level], buf, wire)
 
 
 @register_transport("hierarchical")
@@ -348,7 +228,8 @@ class HierarchicalAllreduce(Transport):
 
     1. intra-node reduce-scatter: local rank l owns piece l (1/P') and adds the P' pieces of
        its node in local-rank order;
-    2. ``between(piece)`` (fp8: divide by the number of nodes);
+    2. ``between(piece)`` (fp8: divide by the number of nodes; with one process per node there
+       is no intra-node stage and no step between, the codec folds it into its encode);
     3. inter-node reduce-scatter of that piece among the ranks with local index l (node order),
        then inter-node allgather, so each element is summed once, on one rank;
     4. intra-node allgather.
@@ -361,7 +242,9 @@ class HierarchicalAllreduce(Transport):
         if comm is not None:
             self.intra, self.inter = node_comms(comm, processes_per_node)
             self.local_size, self.nodes = self.intra.Get_size(), self.inter.Get_size()
-        self._scratch = Scratch()
+            scratch = Scratch()
+            self._levels = (MessageLevel(self.intra, waiter, scratch),
+                            MessageLevel(self.inter, waiter, scratch))
 
     @property
     def stages(self):
@@ -371,37 +254,20 @@ class HierarchicalAllreduce(Transport):
         return self.intra
 
     def sum(self, buf, wire, between=None, host=None):
-        """``host``: for a ``buf`` in the device arena, its host mirror (same length), whose
-        span of the node's piece carries it through the inter-node stage: only that 1/P' of
-        the buffer crosses to host memory and back, and ``between`` sees host memory."""
+        """:func:`ordered_levels` inside the node (by messages or in the node-shared arena),
+        then across nodes. ``host``: for a ``buf`` in the device arena, its host mirror (same
+        length), whose span of the node's piece carries it through the inter-node stage: only
+        that 1/P' of the buffer crosses to host memory and back, and ``between`` sees host
+        memory."""
         if self.size == 1:
             return buf
-        w = self.waiter
-        shared = self._shared(buf)
-        if shared:
-            piece = reduce_scatter_shared(self.intra, self.arena, buf, wire, w)
-        else:
-            piece = reduce_scatter_ordered(self.intra, buf, wire, self._scratch, w)
-        if self.nodes > 1:
-            staged = piece
-            if shared:
-                if host is None and self.arena.on_device:
-                    raise ValueError("hierarchical sum of a device buffer: its host mirror "
-                                     "(host=) carries the node's piece across nodes")
-                mirror = buf if host is None else host
-                staged = self.arena.stage(piece, mirror.reshape(self.local_size, -1)[
-                    self.intra.Get_rank()])
-            if between is not None:
-                between(staged)
-            reduce_scatter_ordered(self.inter, staged, wire, self._scratch, w)
-            allgather_in_place(self.inter, staged, wire, w)
-            if shared:
-                self.arena.unstage(piece, staged)
-        if shared:
-            allgather_shared(self.intra, self.arena, buf, w)
-        else:
-            allgather_in_place(self.intra, buf, wire, w)
-        return buf
+        intra, inter = self._levels
+        if self._shared(buf):
+            intra = SharedLevel(self.intra, self.arena, self.waiter)
+        # a level of one process is none (one process per node: no step between levels,
+        # as the codec knows from ``stages``; caffe8.ddp's levels alike)
+        return ordered_levels([level for level in (intra, inter) if level.count > 1], buf,
+                              wire, between, host)
 
     def free(self):
         self.close_arena()

@@ -6,7 +6,7 @@ then ends the job with its name instead of a hang), or ``BLOCKING``, which makes
 blocking call (the benchmark's path, exactly MPICH's blocking algorithms). All ranks of a job use
 the same kind, as MPI requires (a blocking collective never matches a nonblocking one).
 
-:func:`max_over` is the MAX agreement of one float (the fp8 codec's range, the APS exponent);
+:func:`max_over` is the MAX agreement of floats (the fp8 codec's range, the APS exponent);
 :func:`bit_identical` whether every rank holds the same bytes (the consistency check);
 :class:`Scratch` the receive and running-sum buffer a transport or node memory keeps.
 """
@@ -74,13 +74,13 @@ def in_place():
 
 def max_over(comm, value, waiter=BLOCKING):
     """The maximum of the float ``value`` over ``comm`` (identical on every rank; ``value`` when
-    ``comm`` is None or of one process)."""
-    value = float(value)
-    if comm is None or comm.Get_size() == 1:
-        return value
-    buf = numpy.array([value], numpy.float64)
-    collective(waiter, "Allreduce", comm, in_place(), buf, mpi_module().MAX)
-    return float(buf[0])
+    ``comm`` is None or of one process); of each float of a list ``value`` in one collective,
+    as a list."""
+    many = isinstance(value, (list, tuple))
+    buf = numpy.array(value if many else [value], numpy.float64)
+    if comm is not None and comm.Get_size() > 1 and buf.size:
+        collective(waiter, "Allreduce", comm, in_place(), buf, mpi_module().MAX)
+    return buf.tolist() if many else float(buf[0])
 
 
 def bit_identical(world, arrays):

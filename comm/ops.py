@@ -14,6 +14,7 @@ The user-op callbacks turn MPI's buffers into numpy views (no copy) and call the
 GIL released). With the comm block's ``rounding: "oyama"`` the fp8 op is FP8_OYAMA_SUM instead,
 the sum of Oyama, Nomura, Sato and Matsuoka's Algorithm 2 (truncating to fp8 after a half).
 """
+import functools
 from dataclasses import dataclass
 
 import numpy
@@ -30,13 +31,22 @@ WIRE_DTYPES = {"fp8": numpy.dtype(numpy.uint8), "fp16": numpy.dtype(numpy.uint16
 
 @dataclass(frozen=True)
 class WireOp:
-    """How one wire format is summed. ``unit`` elements of ``dtype`` make one MPI item."""
+    """How one wire format is summed. ``unit`` elements of ``dtype`` make one MPI item. Its MPI
+    datatype and op are made on first use (``mpi()``), so a caller whose own transport moves the
+    bytes (caffe8.ddp's torch.distributed) never initialises MPI."""
     name: str
     dtype: numpy.dtype
     unit: int
-    datatype: object      # mpi4py Datatype of one item (None when MPI is absent)
-    op: object            # mpi4py Op (None when MPI is absent)
     local_sum: object     # fn(src, dst): dst <- src + dst, same rounding as ``op``
+    mpi: object           # fn() -> (mpi4py Datatype of one item, mpi4py Op); None without MPI
+
+    @functools.cached_property
+    def datatype(self):
+        return self.mpi()[0]
+
+    @functools.cached_property
+    def op(self):
+        return self.mpi()[1]
 
     def items(self, n):
         """Number of MPI items in ``n`` wire elements (n must be a multiple of ``unit``)."""
@@ -121,8 +131,7 @@ def half_sum_op():
 
 def local_sum(name, rounding="nearest"):
     """``WireOp.local_sum`` of wire format ``name`` ("fp8", "fp16" or "fp32"), without creating
-    any MPI object: for a caller whose own transport moves the bytes (caffe8.ddp's all-to-all).
-    ``rounding`` as in :func:`wire_op`."""
+    any MPI object; ``rounding`` as in :func:`wire_op`."""
     _check_wire(name)
     if name == "fp8":
         return fp8_oyama_local_sum if rounding == "oyama" else fp8_local_sum
@@ -132,6 +141,11 @@ def local_sum(name, rounding="nearest"):
 def _check_wire(name):
     if name not in WIRE_DTYPES:
         raise ValueError(f"Unrecognized wire format: {name!r}, valid: {', '.join(WIRE_DTYPES)}")
+
+
+def _float_mpi():
+    MPI = mpi_module()
+    return (MPI.FLOAT, MPI.SUM) if MPI else (None, None)
 
 
 def wire_op(name, rounding="nearest"):
@@ -145,13 +159,13 @@ def wire_op(name, rounding="nearest"):
     key = "wire:" + name + (":oyama" if oyama else "")
     if key in _cache:
         return _cache[key]
-    MPI = mpi_module()
     dtype, add = WIRE_DTYPES[name], local_sum(name, rounding)
     if name == "fp32":
-        w = WireOp(name, dtype, 1, MPI.FLOAT if MPI else None, MPI.SUM if MPI else None, add)
+        w = WireOp(name, dtype, 1, add, _float_mpi)
     else:
-        op = {"fp8": fp8_oyama_sum_op if oyama else fp8_sum_op, "fp16": half_sum_op}[name]()
-        w = WireOp(name, dtype, ITEM_BYTES // dtype.itemsize, item_datatype(), op, add)
+        op = {"fp8": fp8_oyama_sum_op if oyama else fp8_sum_op, "fp16": half_sum_op}[name]
+        w = WireOp(name, dtype, ITEM_BYTES // dtype.itemsize, add,
+                   lambda: (item_datatype(), op()))
     _cache[key] = w
     return w
 

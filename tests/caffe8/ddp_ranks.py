@@ -10,6 +10,8 @@ bit for bit) the gradients DDP ends with after ``fp8_hook`` must be the bytes of
 flat       fp8 over all ranks (caffe8's rsag), 3 iterations, a new scale every 2; buckets in
            one piece and in pieces of 512 bytes (tensors cut across pieces, many in flight)
 twolevel   nodes of P/2 ranks (caffe8's hierarchical sum with processes_per_node), both ways
+contexts   (4 ranks) each tensor's own codec context reaches the step between the levels, in
+           caffe8's Exchange and in the hook (a probe codec whose step depends on it)
 nosync     two backward passes under no_sync, then one synchronised: the accumulated sum
 exclude    named and small tensors in float32 (caffe8's fp32 codec), the rest in fp8
 train      a DDP training run (static_graph) whose ranks end with bit-identical weights
@@ -174,6 +176,61 @@ def case_twolevel():
         assert any(not numpy.array_equal(a, b) for a, b in zip(ref, flat))
 
 
+def case_contexts():
+    """Each tensor's own codec context reaches the step between the levels, in both front doors
+    (4 ranks: two nodes of two). :class:`Probe` is float32 whose step multiplies each tensor's
+    part by a power of two of that tensor's own, divided out again by its decode: exact, so the
+    means are the float32 exchange's bits, tensor by tensor, unless a part is scaled with
+    another tensor's context; and each call checks that its part lies in the wire span of the
+    tensor whose context it got. Buckets of several tensors; the hook's pieces in one piece and
+    of 512 bytes (tensors cut across pieces)."""
+    from caffe8.comm.codecs import Float32Codec, register_codec
+    bounds = numpy.cumsum([0] + [int(numpy.prod(s)) for s in SIZES])
+    scales = {(int(a), int(b)): numpy.float32(2.0 ** (i + 1))
+              for i, (a, b) in enumerate(zip(bounds[:-1], bounds[1:]))}
+
+    @register_codec("probe")
+    class Probe(Float32Codec):
+        calls = []
+
+        def encode(self, grad, t):
+            wire, processes = super().encode(grad, t)
+            return wire, SimpleNamespace(key=t.key, out=wire, processes=processes,
+                                         scale=scales[t.key])
+
+        def between_stages(self, part, ctx):
+            lo, hi = ctx.out.ctypes.data, ctx.out.ctypes.data + ctx.out.nbytes
+            Probe.calls.append((ctx.key, lo <= part.ctypes.data and
+                                part.ctypes.data + part.nbytes <= hi))
+            part *= ctx.scale
+
+        def decode(self, wire, ctx, out):
+            super().decode(wire / ctx.scale, ctx.processes, out)
+
+    def check(got, ref, what):
+        for (a, b), key in zip(zip(bounds[:-1], bounds[1:]), scales):
+            same([g[a:b] for g in got], [r[a:b] for r in ref], f"{what}, tensor {key}")
+        seen = {key for key, _ in Probe.calls}
+        assert all(inside for _, inside in Probe.calls), f"{what}: a part had another's context"
+        assert len(seen) > 1 and seen <= set(scales), f"{what}: {sorted(seen)}"
+        del Probe.calls[:]
+
+    assert P % 4 == 0, "two nodes of two or more ranks"
+    weights = tensors(0)[0]
+    steps = [tensors(s, scale=3.0)[1] for s in range(2)]
+    text = f'hierarchical: true processes_per_node: {P // 2}'
+    ref = caffe8_mean(f'codec: "fp32" {text}', weights, steps)
+    assert not Probe.calls
+    check(caffe8_mean(f'codec: "probe" {text}', weights, steps), ref, "caffe8's Exchange")
+    for chunk in CHUNKS:
+        model = ddp_model(weights)
+        state = ddp.Fp8State(module=model, processes_per_node=P // 2, chunk_bytes=chunk,
+                             min_elements=1 << 30)          # every tensor float32: the probe
+        state.codecs["fp32"] = Probe(state.comm, state.rank)
+        check(hook_mean(model, state, steps), ref, f"the hook, pieces of {chunk} bytes")
+        state.close()
+
+
 def case_nosync():
     weights = tensors(0)[0]
     micro = [tensors(s)[1] for s in range(3)]
@@ -234,6 +291,7 @@ def case_train():
 def case_close():
     """close() ends the state's thread; the exit's handler ends the threads of states left
     running and drops the hook's communicators, after which a new state makes its own."""
+    from caffe8.comm.pieces import RUNNING
     weights = tensors(0)[0]
     steps = [tensors(s)[1] for s in range(2)]
     ref = caffe8_mean('codec: "fp8" hierarchical: false', weights, steps)
@@ -242,15 +300,15 @@ def case_close():
         model = ddp_model(weights)
         states.append(ddp.Fp8State(module=model))
         same(hook_mean(model, states[-1], steps), ref, "a state's exchange")
-        assert states[-1]._thread.is_alive() and states[-1] in ddp._RUNNING
+        assert states[-1].pieces._thread.is_alive() and states[-1].pieces in RUNNING
     closed, left = states
-    thread = closed._thread
+    thread = closed.pieces._thread
     assert closed.close() and closed.close()           # the second: nothing left to end
-    assert not thread.is_alive() and closed._thread is None and closed not in ddp._RUNNING
-    assert left._thread.is_alive() and ddp._MADE
-    thread = left._thread
+    assert not thread.is_alive() and not closed.pieces.running and closed.pieces not in RUNNING
+    assert left.pieces._thread.is_alive() and ddp._MADE
+    thread = left.pieces._thread
     ddp._at_exit()
-    assert not thread.is_alive() and not ddp._RUNNING and not ddp._MADE
+    assert not thread.is_alive() and not RUNNING and not ddp._MADE
     model = ddp_model(weights)                         # new communicators, the same result
     state = ddp.Fp8State(module=model)
     same(hook_mean(model, state, steps), ref, "a state after the exit handler")
@@ -291,6 +349,7 @@ def case_slowrank():
 
 def case_cuda():
     import contextlib
+    from caffe8.comm.arithmetic import Device
     from caffe8.engine import backend
     from tests.device_standin import ordering
 
@@ -301,6 +360,7 @@ def case_cuda():
         made = 0
 
         def __init__(self, dev):
+            Device.__init__(self)
             self.dev, self.cupy = dev, backend.cupy
             self.stream = self.cupy.cuda.Stream(non_blocking=True)
             StandinCuda.made += 1
@@ -313,8 +373,8 @@ def case_cuda():
         def wait(self, event):
             assert event is None
 
-    device_for = ddp._device_for
-    ddp._device_for = lambda buf: StandinCuda(buf.device)
+    side = ddp._Job.side
+    ddp._Job.side = lambda job: StandinCuda(job.buf.device)
     try:
         weights = tensors(0)[0]
         steps = [tensors(s, scale=3.0)[1] for s in range(3)]
@@ -337,14 +397,15 @@ def case_cuda():
                 same(got, ref, f"CUDA side on the stand-in, {ppn or P} per node, pieces of "
                                f"{chunk} bytes")
     finally:
-        ddp._device_for = device_for
+        ddp._Job.side = side
     ran = set(ordering._OPS.values())
     assert StandinCuda.made and {"kernel caffe8_fp8_encode_ratio_nearest",
                                  "kernel caffe8_fp8_add_nearest",
                                  "kernel caffe8_fp8_decode_ratio"} <= ran, sorted(ran)
 
 
-CASES = {"flat": case_flat, "twolevel": case_twolevel, "nosync": case_nosync,
+CASES = {"flat": case_flat, "twolevel": case_twolevel, "contexts": case_contexts,
+         "nosync": case_nosync,
          "exclude": case_exclude, "train": case_train, "slowrank": case_slowrank,
          "close": case_close, "cuda": case_cuda}
 

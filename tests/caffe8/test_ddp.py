@@ -1,8 +1,9 @@
 """caffe8.ddp: the DDP communication hook against caffe8's own exchange (tests/caffe8/ddp_ranks.py
 under mpiexec: the hook's gradients must be the bytes of comm.exchange.Exchange for the same
 weights and gradients, 2 and 4 ranks, flat and two-level, no_sync accumulation, exclusions, a
-training run's ranks identical, the CUDA side on the stand-in device), torch staying optional,
-and the state's one-line errors.
+training run's ranks identical, the CUDA side on the stand-in device; each tensor's own context
+in the step between the levels, in both front doors), torch staying optional, and the state's
+one-line errors.
 Tests that need torch skip without it; the import tests run everywhere."""
 import os
 import shutil
@@ -63,8 +64,9 @@ def test_hook_equals_caffe8s_exchange_on_2_ranks():
 @pytest.mark.mpi
 def test_hook_equals_caffe8s_exchange_on_4_ranks():
     """flat over 4 (the rank order matters from 3 addends on), 2 nodes x 2 (the x1/nodes table
-    between the levels), both on the CUDA side too (the stand-in device)."""
-    _ranks(4, ["flat", "twolevel", "cuda"])
+    between the levels), both on the CUDA side too (the stand-in device); each tensor's own
+    context in the step between the levels, in both front doors."""
+    _ranks(4, ["flat", "twolevel", "contexts", "cuda"])
 
 
 # --- one process: the state's checks -----------------------------------------------------------

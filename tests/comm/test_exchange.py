@@ -2,25 +2,17 @@
 communication thread in backward order, errors with the layer's name, the per-layer timing
 record, and on the GPU the same bits as on the CPU."""
 import threading
-from types import SimpleNamespace
 
 import numpy
 import pytest
 
 from caffe8.comm.config import parse_comm
-from caffe8.comm.exchange import Exchange, build_schedule
+from caffe8.comm.exchange import Exchange
 from caffe8.engine import backend
 from caffe8.engine.errors import CaffeError
 from caffe8.engine.timing import PHASES
 from caffe8.engine.world import SingleProcessWorld
 from tests.comm.mpi.fakenet import FakeNet, iterate, make_tensors
-
-
-def test_shared_tensor_goes_with_its_lowest_layer_and_empty_tensors_are_left_out():
-    s0, s1, s2 = slice(0, 4), slice(4, 6), slice(6, 9)
-    schedule = build_schedule({1: [(0, s0), (1, s1)], 3: [(0, s2)], 5: [(0, s0)],
-                               6: [(0, slice(9, 9))]})
-    assert schedule == {1: [s0, s1], 3: [s2]}
 
 
 def _exchange(monkeypatch, asynchronous, codec="fp32"):
@@ -45,8 +37,9 @@ def _exchange(monkeypatch, asynchronous, codec="fp32"):
         monkeypatch.setattr(codec, "decode", lambda reduced, ctx, out, decode=decode: (
             record("decode", layer_of.get(_key(net, out))), decode(reduced, ctx, out))[1])
     for transport in ex.transports.values():
-        monkeypatch.setattr(transport, "sum", lambda buf, wire, between=None, real=transport.sum:
-                            (record("sum", None), real(buf, wire, between))[1])
+        monkeypatch.setattr(transport, "sum", lambda buf, wire, between=None, host=None,
+                            real=transport.sum: (record("sum", None),
+                                                 real(buf, wire, between, host))[1])
     return net, ex, calls
 
 
@@ -100,7 +93,7 @@ def test_an_error_surfaces_with_the_layer_name_and_stops_the_exchange(monkeypatc
 
     sums = []
 
-    def broken(buf, wire, between=None):
+    def broken(buf, wire, between=None, host=None):
         sums.append(buf.size)
         raise RuntimeError("link down")
     for transport in ex.transports.values():
@@ -116,7 +109,7 @@ def test_an_error_surfaces_with_the_layer_name_and_stops_the_exchange(monkeypatc
 
 @pytest.mark.parametrize("asynchronous", [False, True])
 def test_small_layers_share_a_bucket_and_keep_their_bits(monkeypatch, asynchronous):
-    from caffe8.comm.exchange import build_buckets
+    from caffe8.comm.buckets import build_buckets
     schedule = {i: [slice(0, n)] for i, n in enumerate((10, 300, 20, 30, 700, 5))}
     # backward order, closing once 1000 bytes (of 1-byte wire items) are in
     assert build_buckets(schedule, 1000, 1) == [[5, 4, 3, 2, 1], [0]]
@@ -129,8 +122,9 @@ def test_small_layers_share_a_bucket_and_keep_their_bits(monkeypatch, asynchrono
         sums = []
         for transport in ex.transports.values():
             real = transport.sum
-            monkeypatch.setattr(transport, "sum", lambda buf, wire, between=None, real=real:
-                                (sums.append(buf.size), real(buf, wire, between))[1])
+            monkeypatch.setattr(transport, "sum", lambda buf, wire, between=None, host=None,
+                                real=real: (sums.append(buf.size),
+                                            real(buf, wire, between, host))[1])
         for _ in range(2):
             iterate(ex, net)
         ex.close()
@@ -199,7 +193,7 @@ def test_steps_are_placed_at_construction_and_sync_mode_keeps_layers_apart_from_
         monkeypatch):
     net, ex, calls = _exchange(monkeypatch, False)
     assert [s.thread for s in ex.stages] == ["caffe8-encode", "caffe8-comm", "caffe8-update"]
-    assert ex.local_at_launch is False and ex.timed
+    assert ex.local_at_launch is False and ex.side.timed
     ex.on_start()
     for i in (3, 0):
         ex.on_backward(i)
@@ -220,7 +214,7 @@ def test_sum_codecs_encode_into_the_span_of_the_bucket_buffer_they_are_handed(co
     encode = ex.codec.encode
     ex.codec.encode = lambda grad, t: payloads.append((t, encode(grad, t))) or payloads[-1][1]
     iterate(ex, net)
-    host, _ = ex.bucket_buffer(0, ex.codec)                     # one bucket: every tensor
+    host, _ = ex.reductions[ex.codec.name].buffers[0]           # one bucket: every tensor
     assert len(payloads) == 4
     for t, (payload, _) in payloads:
         assert payload is t.out and payload.dtype == ex.codec.wire.dtype
@@ -275,24 +269,6 @@ def test_gpu_events_only_where_needed_unless_a_timing_log_asks(device, monkeypat
         assert set(threads) == {"caffe8-comm" if codec == "strom" else "MainThread"}
 
 
-def test_the_step_between_stages_runs_per_tensor_on_its_part_of_the_piece():
-    """A bucket of two tensors (spans 0-5 and 5-12 of a 16-item buffer) whose contexts differ:
-    each gets its own part of the transport's piece, with its own context; the padding is left
-    alone."""
-    from caffe8.comm.exchange import BetweenStages, Trip
-    buffer = numpy.zeros(16, numpy.uint8)
-    calls = []
-    codec = SimpleNamespace(between_stages=lambda part, ctx: (calls.append(
-        ((part.ctypes.data - buffer.ctypes.data), part.size, ctx)), part.__iadd__(ctx)))
-    trips = [Trip(slice(0, 5), None, codec, None, None, at=0, host=buffer[0:5], ctx=1),
-             Trip(slice(5, 12), None, codec, None, None, at=5, host=buffer[5:12], ctx=2)]
-    between = BetweenStages(buffer, trips)
-    for piece in buffer.reshape(4, 4):                # every block a transport may hand over
-        between(piece)
-    assert calls == [(0, 4, 1), (4, 1, 1), (5, 3, 2), (8, 4, 2)]
-    assert buffer.tolist() == [1] * 5 + [2] * 7 + [0] * 4
-
-
 def test_every_wire_buffer_is_made_before_the_first_trip(monkeypatch):
     """The constructor makes each bucket's wire buffers, zeroed and padded, for the configured
     codec and the float32 warm-up; no trip makes one (on a GPU a buffer made at first use, on
@@ -303,7 +279,8 @@ def test_every_wire_buffer_is_made_before_the_first_trip(monkeypatch):
     ex = Exchange(SingleProcessWorld(), parse_comm('codec: "fp8" warmup_fp32_iters: 1 '
                                                    'bucket_kb: 0 async: true'), net)
     assert len(ex.buckets) == 3
-    made = dict(ex.buffers)
+    made = {(name, b): buffers for name, r in ex.reductions.items()
+            for b, buffers in enumerate(r.buffers)}
     assert set(made) == {(name, b) for name in ("fp8", "fp32") for b in range(3)}
     for (name, b), (host, device) in made.items():
         codec = ex.codec if name == "fp8" else ex.fp32

@@ -57,8 +57,9 @@ def run(codec, asynchronous, hierarchical, ipc):
     # synchronous, so that the asynchronous runs check every ordering the exchange makes itself
     ex = Exchange(world, parse_comm(text), net, timed=not asynchronous)
     pinned = pinned_bytes() - pinned
-    transport = ex.transports[ex._transport_of[codec]]
-    devices = [d for (name, _), (_, d) in ex.buffers.items() if name == codec]
+    buckets = ex.reductions[codec]
+    transport = buckets.pipeline.transport
+    devices = [d for _, d in buckets.buffers]
     summary = ex.shared_memory_summary()
     assert devices and all(transport.on_device(d) for d in devices) == ipc, summary
     if ipc:             # the line says what the buffers are, and no stale reason after it
@@ -68,7 +69,8 @@ def run(codec, asynchronous, hierarchical, ipc):
         assert summary[0].endswith("; host memory, not the GPUs': CAFFE8_IPC=0"), summary
     one_node = transport.stages[1] == 1
     if ipc and one_node and STANDIN:    # summed on the GPUs, nothing crosses nodes: no mirror
-        warm = sum(h.nbytes for (name, _), (h, _) in ex.buffers.items() if name != codec)
+        warm = sum(h.nbytes for name, r in ex.reductions.items() if name != codec
+                   for h, _ in r.buffers)
         assert pinned == warm, f"{pinned - warm} bytes of pinned host memory for device buckets"
     out = []
     for step in range(3):

@@ -63,11 +63,11 @@ assert numpy.array_equal(net.flat_diff, second), "fp8 exchange is not repeatable
 # emulated node share this machine's memory), so its intra-node stages ran in shared memory
 hier = ex.transports["hierarchical"]
 assert hier.arena is not None, hier.shared_reason
-fp8_buffers = [ex.bucket_buffer(b, ex.codec)[0] for b in range(len(ex.buckets))]
+fp8_buffers = [host for host, _ in ex.reductions[ex.codec.name].buffers]
 assert fp8_buffers and all(hier.arena.holds(b) for b in fp8_buffers)
 # the float32 warm-up's buffers are private (the arena is sized for the configured codec only)
 assert hier.arena.segment < sum(b.nbytes for b in fp8_buffers) + 4096 + 64 * len(fp8_buffers)
-warm = [ex.bucket_buffer(b, ex.fp32)[0] for b in range(len(ex.buckets))]
+warm = [host for host, _ in ex.reductions[ex.fp32.name].buffers]
 assert not any(hier.arena.holds(b) for b in warm)
 assert any("hierarchical: node-shared" in line for line in ex.shared_memory_summary())
 
