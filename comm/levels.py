@@ -167,31 +167,10 @@ def node_levels(ranks, local):
     return [level for level in levels if len(level[0]) > 1]
 
 
-#: blocks of at least this many bytes go to their peers one peer at a time (``_pairwise``)
-PAIRWISE_MIN_BYTES = 1 << 16
-_PAIRWISE_TAG = 0x0C8A
-
-
-def _pairwise(comm, blocks, recv, count_type, waiter):
-    """An Alltoallv's exchange in n - 1 rounds: in round i process r sends block r + i to
-    process r + i and receives its own block from process r - i (mod n), so each process sends
-    one message and receives one at a time. Across nodes an Alltoallv's n - 1 transfers at once
-    converge on every receiving link together (incast): a switch port's queue overflows and TCP
-    backs off; one transfer a link each way keeps the queue short."""
-    n, r = comm.Get_size(), comm.Get_rank()
-    for i in range(1, n):
-        dst, src = (r + i) % n, (r - i) % n
-        waiter.wait([comm.Irecv([recv[src - (src > r)]] + count_type, source=src,
-                                tag=_PAIRWISE_TAG),
-                     comm.Isend([blocks[dst]] + count_type, dest=dst, tag=_PAIRWISE_TAG)])
-
-
 class MessageLevel(Level):
-    """A level over an MPI communicator: each process receives the blocks of its index (no self
-    block: nothing is copied locally) by one Alltoallv, or, from 3 processes on with blocks of
-    at least PAIRWISE_MIN_BYTES, one peer at a time (:func:`_pairwise`); an in-place Allgather
-    hands the finished blocks back (the explicit order, rather than whatever MPICH's
-    reduce-scatter picks)."""
+    """A level over an MPI communicator: one Alltoallv hands each process the blocks of its
+    index (no self block: nothing is copied locally), an in-place Allgather hands the finished
+    blocks back (the explicit order, rather than whatever MPICH's reduce-scatter picks)."""
 
     def __init__(self, comm, waiter, scratch):
         self.comm, self.waiter, self.scratch = comm, waiter, scratch
@@ -203,17 +182,13 @@ class MessageLevel(Level):
         size = blocks.shape[1]
         items = wire.items(size)
         recv = self.scratch.get((n - 1) * size, wire.dtype).reshape(n - 1, size)
-        if n > 2 and blocks[0].nbytes >= PAIRWISE_MIN_BYTES:
-            _pairwise(self.comm, blocks, recv, [items, wire.datatype], self.waiter)
-        else:
-            counts = [items] * n
-            counts[r] = 0
-            sdispls = [j * items for j in range(n)]
-            rdispls = [(j - (j > r)) * items for j in range(n)]  # peer j -> row j (j < r), j-1
-            rdispls[r] = 0
-            collective(self.waiter, "Alltoallv", self.comm,
-                       [span, (counts, sdispls), wire.datatype],
-                       [recv, (counts, rdispls), wire.datatype])
+        counts = [items] * n
+        counts[r] = 0
+        sdispls = [j * items for j in range(n)]
+        rdispls = [(j - (j > r)) * items for j in range(n)]   # peer j -> row j (j < r) or j-1
+        rdispls[r] = 0
+        collective(self.waiter, "Alltoallv", self.comm, [span, (counts, sdispls), wire.datatype],
+                   [recv, (counts, rdispls), wire.datatype])
         return [recv[j - (j > r)] if j != r else blocks[r] for j in range(n)]
 
     def gathered(self, span, posted):

@@ -16,8 +16,7 @@ import numpy
 from rankutil import fp8_add, from_fp8, random_fp8, ranks_agree, start, to_fp8, done
 
 world = start()
-from caffe8.comm import levels  # noqa: E402  (after start(): sys.path)
-from caffe8.comm.allreduce import create_transport  # noqa: E402
+from caffe8.comm.allreduce import create_transport  # noqa: E402  (after start(): sys.path)
 from caffe8.comm.codecs import Fp8Codec  # noqa: E402
 from caffe8.comm.config import parse_comm  # noqa: E402
 from caffe8.comm.ops import padded_length, wire_op  # noqa: E402
@@ -126,12 +125,6 @@ for shared in (False, True):
     check("rsag", 0, chain(inputs), shared)
     check("ring", 0, simulate_ring(), shared)
     check("flat", 0, None, shared)
-# the reduce-scatter's blocks one peer at a time (levels._pairwise, taken for large blocks
-# from 3 ranks on): the same sums in the same order, so the same bits
-levels.PAIRWISE_MIN_BYTES, large = 0, levels.PAIRWISE_MIN_BYTES
-check("hierarchical", ppn, simulate_hierarchical(ppn))
-check("rsag", 0, chain(inputs))
-levels.PAIRWISE_MIN_BYTES = large
 check("hierarchical", ppn, simulate_hierarchical(ppn), "staged")
 check("hierarchical", 0, simulate_hierarchical(P), "staged")
 check("rsag", 0, chain(inputs), "staged")
