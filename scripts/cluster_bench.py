@@ -551,7 +551,7 @@ def _round(cluster, args, net, rate, rnd, layouts, variants):
             # the link's use by the transfers: bytes node 0 sent per iteration over the wire time
             # they would take at the link's (narrowed) rate, divided by the measured transfer time
             wire_s = row["link_mb"] * 8e6 / link_bps
-            row["link_use"] = wire_s / comm[1] if comm[1] > 0 else float("nan")
+            row["link_use"] = wire_s / (comm[1] / k) if comm[1] > 0 else float("nan")
             rows.append(row)
             print(f"[{rate} round {rnd}] {net} {nodes}x{ppn} {name:14s} {it * 1e3:8.1f} ms/iter "
                   f"exposed {row['exposed_ms']:7.1f} ms  link {row['link_mb']:7.1f} MB/iter",
