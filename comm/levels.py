@@ -15,6 +15,8 @@ with barriers instead of messages), :class:`RootedLevel` (rooted collectives pos
 asynchronously: one gather and one broadcast per root); :func:`node_levels` gives the
 hierarchy's levels as lists of ranks.
 """
+import abc
+
 from caffe8.comm.arithmetic import HOST
 from caffe8.comm.collective import BLOCKING, collective, in_place
 
@@ -41,33 +43,53 @@ def _ordered_chain(terms, r, local_sum, start=None, copy=None):
     return own
 
 
-class Level:
+class Level(abc.ABC):
     """One level of an ordered sum: ``count`` processes, this one at ``index``. Block j of a
-    span belongs to the level's process j: :meth:`reduce_scatter` hands each process the blocks
-    of its index from every process (the transport's moves: ``post``, then ``gathered``) and
-    adds them in ascending rank into its own block; :meth:`allgather` copies every finished
-    block to every process. Subclasses move the bytes (MPI messages, node-shared memory,
-    caffe8.ddp's torch.distributed); the order of the additions is this class's alone."""
+    span belongs to the level's process j: :meth:`reduce_scatter` adds every process's block of
+    its index in ascending rank into its own block; :meth:`allgather` copies every finished
+    block to every process. Subclasses move the bytes (:class:`MovedLevel`: MPI messages,
+    caffe8.ddp's torch.distributed; :class:`SharedLevel`: node-shared memory); the order of the
+    additions is :func:`_ordered_chain`'s alone."""
     index, count = 0, 1
 
+    @abc.abstractmethod
+    def reduce_scatter(self, span, wire, arith=HOST, posted=None):
+        """This process's block of ``span`` becomes the sum of every process's, added in
+        ascending rank ((x0 + x1) + x2) + ... with ``arith``'s sum of ``wire``; returns it (a
+        view of ``span``). ``posted``: :meth:`MovedLevel.post`'s moves, already under way."""
+
+    def hand_on(self, own, span, host):
+        """Where the next level sums this level's block ``own``: ``own`` itself (a node-shared
+        device arena: its host mirror's span, ``host`` or ``span``)."""
+        return own
+
+    def take_back(self, own, staged):
+        """The next level's result ``staged`` back into ``own`` (after :meth:`hand_on`)."""
+
+    @abc.abstractmethod
+    def allgather(self, span, wire):
+        """Every process's finished block of ``span`` copied to all processes of the level."""
+
+
+class MovedLevel(Level):
+    """A level whose blocks travel between the processes: :meth:`post` starts moving them,
+    :meth:`gathered` completes the moves; the reduce-scatter then adds what arrived."""
+
+    @abc.abstractmethod
     def post(self, span, wire):
         """Start moving the blocks of ``span`` (block j to the level's process j); returns what
         :meth:`gathered` takes. A transport whose moves are asynchronous can post them early
         (``ordered_levels(..., posted=)``)."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def gathered(self, span, posted):
         """Block ``index`` of every process of the level, in rank order, this process's own
         (the block of ``span``) at ``index``: the moves of ``posted`` complete."""
-        raise NotImplementedError
 
     def release(self, posted):
         """The receive buffers of ``posted`` are free again."""
 
     def reduce_scatter(self, span, wire, arith=HOST, posted=None):
-        """This process's block of ``span`` becomes the sum of every process's, added in
-        ascending rank ((x0 + x1) + x2) + ... with ``arith``'s sum of ``wire``; returns it (a
-        view of ``span``)."""
         own = span.reshape(self.count, -1)[self.index]
         if self.count == 1:
             return own
@@ -78,18 +100,6 @@ class Level:
         self.release(posted)
         return own
 
-    def hand_on(self, own, span, host):
-        """Where the next level sums this level's block ``own``: ``own`` itself (a node-shared
-        device arena: its host mirror's span, ``host`` or ``span``)."""
-        return own
-
-    def take_back(self, own, staged):
-        """The next level's result ``staged`` back into ``own`` (after :meth:`hand_on`)."""
-
-    def allgather(self, span, wire):
-        """Every process's finished block of ``span`` copied to all processes of the level."""
-        raise NotImplementedError
-
 
 def ordered_levels(levels, buf, wire, between=None, host=None, arith=HOST, posted=None):
     """Sum ``buf`` in place over ``levels`` (comm/allreduce.py's rsag: one level; the
@@ -99,7 +109,7 @@ def ordered_levels(levels, buf, wire, between=None, host=None, arith=HOST, poste
     when another level follows (fp8: x1/nodes, tensor by tensor); then the levels' allgathers
     in reverse. Every element is added on exactly one process, in one order, so every process
     ends with the same bytes. ``host``: the host mirror of a device ``buf`` (``hand_on``);
-    ``posted``: the first level's moves, already posted (``Level.post``)."""
+    ``posted``: the first level's moves, already posted (``MovedLevel.post``)."""
     down, span = [], buf
     for depth, level in enumerate(levels):
         own = level.reduce_scatter(span, wire, arith, posted if depth == 0 else None)
@@ -117,7 +127,7 @@ def ordered_levels(levels, buf, wire, between=None, host=None, arith=HOST, poste
     return buf
 
 
-class RootedLevel(Level):
+class RootedLevel(MovedLevel):
     """A level moved by rooted collectives, for a transport that has them asynchronously
     (caffe8.ddp's torch.distributed): block j of every process gathered at process j, one
     gather per root, all posted at once, and the finished blocks broadcast back from their
@@ -167,7 +177,7 @@ def node_levels(ranks, local):
     return [level for level in levels if len(level[0]) > 1]
 
 
-class MessageLevel(Level):
+class MessageLevel(MovedLevel):
     """A level over an MPI communicator: one Alltoallv hands each process the blocks of its
     index (no self block: nothing is copied locally), an in-place Allgather hands the finished
     blocks back (the explicit order, rather than whatever MPICH's reduce-scatter picks)."""

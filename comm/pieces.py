@@ -3,7 +3,7 @@ moves asynchronously (caffe8.ddp, over torch.distributed), around the steps of c
 
 Buckets are taken in the order they come (:meth:`Pieces.put`); each is cut into pieces of at
 most ``piece_bytes`` wire bytes. A piece is encoded and its first level's moves posted
-(``Level.post``) as soon as its bucket arrives; pieces are finished (the ordered sum's levels,
+(``MovedLevel.post``) as soon as its bucket arrives; pieces are finished (the ordered sum's levels,
 comm.levels.ordered_levels, with the codec's step between them for each tensor's part, then
 the decode) oldest first, ``AHEAD`` behind the newest, and all of them whenever no bucket
 waits: so one piece's encode and transfers overlap the others', and every communicator sees

@@ -458,7 +458,7 @@ def layout_dilation(args, processes):
     ``processes`` here (caffe8.cluster.dilation_needed)."""
     from caffe8.cluster import dilation_needed
     if args.dilation == "auto":
-        return max(dilation_needed(processes), getattr(args, "min_dilation", 1.0))
+        return max(dilation_needed(processes), args.min_dilation)
     return float(args.dilation)
 
 

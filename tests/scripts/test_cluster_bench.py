@@ -115,7 +115,7 @@ def test_dilated_narrowed_runs_give_both_sides_the_same_tensors_and_sleeps():
 
 def test_dilation_auto_is_the_clusters_sound_factor_per_layout():
     import argparse
-    args = argparse.Namespace(dilation="auto")
+    args = argparse.Namespace(dilation="auto", min_dilation=1.0)
     from caffe8.cluster import dilation_needed
     assert [cb.layout_dilation(args, p) for p in (1, 4, 16)] == \
         [dilation_needed(p) for p in (1, 4, 16)]
